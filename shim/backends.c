@@ -1,0 +1,64 @@
+/* backends.c - the real release of each kind. Every release here may wait
+ * for the GPU (that is what the driver's own calls do). */
+#include "backends.h"
+
+#include "driver.h"
+#include "registry.h"
+
+static CUresult release_device(const struct cd_record *r)
+{
+    return cd_driver_ops()->mem_free((CUdeviceptr)r->key);
+}
+
+static CUresult release_host(const struct cd_record *r)
+{
+    return cd_driver_ops()->mem_free_host((void *)r->key);
+}
+
+static CUresult release_registered(const struct cd_record *r)
+{
+    return cd_driver_ops()->mem_host_unregister((void *)r->key);
+}
+
+static CUresult release_array(const struct cd_record *r)
+{
+    return cd_driver_ops()->array_destroy((CUarray)r->key);
+}
+
+static CUresult release_mipmapped(const struct cd_record *r)
+{
+    return cd_driver_ops()->mipmapped_array_destroy((CUmipmappedArray)r->key);
+}
+
+static CUresult release_module(const struct cd_record *r)
+{
+    return cd_driver_ops()->module_unload((CUmodule)r->key);
+}
+
+static CUresult release_library(const struct cd_record *r)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    return ops->library_unload ? ops->library_unload((CUlibrary)r->key) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* cuCtxDestroy frees what the context owns: device, pinned and managed
+ * memory, arrays and modules. Registrations are undone and libraries
+ * (which outlive contexts) unloaded for real before the teardown. */
+static const struct cd_backend backends[CD_KIND_COUNT] = {
+    [CD_DEVICE] = {"device", CD_OPT_DEVICE, CUDA_ERROR_INVALID_VALUE, true, release_device},
+    [CD_MANAGED] = {"managed", CD_OPT_MANAGED, CUDA_ERROR_INVALID_VALUE, true, release_device},
+    [CD_HOST] = {"host", CD_OPT_HOST, CUDA_ERROR_INVALID_VALUE, true, release_host},
+    [CD_REGISTERED] = {"registered", CD_OPT_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                       false, release_registered},
+    [CD_ARRAY] = {"array", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true, release_array},
+    [CD_MIPMAPPED] = {"mipmapped", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true,
+                      release_mipmapped},
+    [CD_MODULE] = {"module", CD_OPT_MODULE, CUDA_ERROR_INVALID_HANDLE, true, release_module},
+    [CD_LIBRARY] = {"library", CD_OPT_LIBRARY, CUDA_ERROR_INVALID_HANDLE, false,
+                    release_library},
+};
+
+const struct cd_backend *cd_backend(enum cd_kind kind)
+{
+    return &backends[kind];
+}

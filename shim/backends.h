@@ -1,0 +1,28 @@
+/* backends.h - how each kind of resource is really released.
+ *
+ * One row per kind: the option that turns its deferral on, what the driver
+ * answers to a second release, whether a context's teardown frees it, and
+ * the real release (which may wait for the GPU: called at flush points only).
+ */
+#ifndef CUDEFER_BACKENDS_H
+#define CUDEFER_BACKENDS_H
+
+#include "engine.h"
+#include "options.h"
+
+struct cd_record;
+
+struct cd_backend {
+    const char *name;
+    enum cd_option option;
+    /* The driver's answer when the object was already released. */
+    CUresult double_release;
+    /* Destroying the context frees it, so teardown drops the entry. */
+    bool freed_by_context;
+    /* Really releases the object. May wait for the GPU. */
+    CUresult (*release)(const struct cd_record *r);
+};
+
+const struct cd_backend *cd_backend(enum cd_kind kind);
+
+#endif

@@ -1,0 +1,63 @@
+/* options.h - the CUDEFER_* environment variables.
+ *
+ * Every tunable is one row of the table in options.c: name, default, help.
+ * Values are read from the environment once, on first use.
+ */
+#ifndef CUDEFER_OPTIONS_H
+#define CUDEFER_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum cd_option {
+    CD_OPT_ENABLE,
+    CD_OPT_DEVICE,
+    CD_OPT_MANAGED,
+    CD_OPT_HOST,
+    CD_OPT_REGISTERED,
+    CD_OPT_ARRAY,
+    CD_OPT_MODULE,
+    CD_OPT_LIBRARY,
+    CD_OPT_MAX_DEFERRED_BYTES,
+    CD_OPT_MAX_DEFERRED_ENTRIES,
+    CD_OPT_LOG,
+    CD_OPT_STATS,
+    CD_OPT_REPORT,
+    CD_OPT_DRIVER,
+    CD_OPT_COUNT
+};
+
+enum cd_option_type {
+    CD_TYPE_BOOL,  /* 1/true/yes/on, 0/false/no/off */
+    CD_TYPE_SIZE,  /* a count of bytes, with an optional K, M or G suffix */
+    CD_TYPE_COUNT, /* a plain non-negative count */
+    CD_TYPE_LEVEL, /* off, error, info, debug, or 0..3 */
+    CD_TYPE_STRING,
+};
+
+struct cd_option_desc {
+    const char *name;       /* without the CUDEFER_ prefix */
+    enum cd_option_type type;
+    const char *default_text;
+    const char *help;
+};
+
+/* The row of one option. */
+const struct cd_option_desc *cd_option_desc(enum cd_option opt);
+
+long long cd_option_int(enum cd_option opt); /* bool, size, count, level */
+bool cd_option_bool(enum cd_option opt);
+const char *cd_option_str(enum cd_option opt); /* "" when unset */
+
+/* Parses text as a value of the given type. Returns false (leaving *out
+ * alone) when the text is not a valid value of that type. */
+bool cd_option_parse(enum cd_option_type type, const char *text, long long *out);
+
+/* Reads every option from the environment again; a forked child or a test
+ * that changed the environment calls this. Not thread-safe against readers. */
+void cd_options_reload(void);
+
+/* Prints every option's value, once, at log level info. */
+void cd_options_print(void);
+
+#endif
