@@ -450,7 +450,10 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     if (!enabled())
         return false;
     const struct cd_driver_ops *ops = cd_driver_ops();
-    if (!ops)
+    CUcontext cur = NULL;
+    /* Without a current context the driver's own call answers with its
+     * error, and the object stays the program's. */
+    if (!ops || ops->ctx_get_current(&cur) != CUDA_SUCCESS || !cur)
         return false;
     struct cd_record *r = NULL;
     switch (cd_registry_retire(cls, key, &r)) {
@@ -465,12 +468,9 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         break;
     }
     struct cd_ctx *cs = r->ctx;
-    CUcontext cur = NULL;
     if (!cd_option_bool(cd_backend(r->kind)->option) ||
-        atomic_load(&cs->state) != CD_CTX_READY ||
-        ops->ctx_get_current(&cur) != CUDA_SUCCESS || !cur) {
-        /* The driver's own call answers (no current context gets its error
-         * there); the record goes, as the driver's release ends it. */
+        atomic_load(&cs->state) != CD_CTX_READY) {
+        /* The driver's own call releases it; the record goes with it. */
         atomic_fetch_add(&cd_stats.passed[r->kind], 1);
         finish(r);
         return false;

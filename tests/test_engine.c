@@ -1,0 +1,673 @@
+/* test_engine.c - the release engine over the test driver.
+ *
+ * Each test runs in its own process (Criterion forks), so a test may set
+ * CUDEFER_* variables before its first CUDA call: the shim reads them then.
+ * "Waited" is measured by the test driver itself: the calls a thread made
+ * that may wait for GPU work, and the time it spent blocked inside them. */
+#include "common.h"
+
+#include <cudefer.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KERNEL_US 1000000u /* the 1 s kernel of the measured stall table */
+
+/* ---- what to release ---------------------------------------------------- */
+
+enum what {
+    DEVICE, MANAGED, HOST, HOST_ALLOC, REGISTERED, ARRAY, MODULE, LIBRARY, WHAT_COUNT
+};
+
+static const char *const what_option[WHAT_COUNT] = {
+    "CUDEFER_DEVICE", "CUDEFER_MANAGED", "CUDEFER_HOST", "CUDEFER_HOST",
+    "CUDEFER_REGISTERED", "CUDEFER_ARRAY", "CUDEFER_MODULE", "CUDEFER_LIBRARY",
+};
+
+static const char ptx[] = "// the test driver accepts any image\n";
+
+struct object {
+    enum what what;
+    CUdeviceptr dptr;
+    void *host;
+    CUarray array;
+    CUmodule module;
+    CUlibrary library;
+};
+
+static struct object make(enum what what)
+{
+    struct object o = {.what = what};
+    switch (what) {
+    case DEVICE: CU_OK(cuMemAlloc(&o.dptr, 1 << 20)); break;
+    case MANAGED: CU_OK(cuMemAllocManaged(&o.dptr, 1 << 20, CU_MEM_ATTACH_GLOBAL)); break;
+    case HOST: CU_OK(cuMemAllocHost(&o.host, 1 << 20)); break;
+    case HOST_ALLOC: CU_OK(cuMemHostAlloc(&o.host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP)); break;
+    case REGISTERED:
+        o.host = aligned_alloc(4096, 1 << 20);
+        CU_OK(cuMemHostRegister(o.host, 1 << 20, 0));
+        break;
+    case ARRAY: {
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = 256, .Height = 256,
+                                   .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CU_OK(cuArrayCreate(&o.array, &d));
+        break;
+    }
+    case MODULE: CU_OK(cuModuleLoadData(&o.module, ptx)); break;
+    case LIBRARY: {
+        CUkernel k;
+        CUfunction f;
+        CU_OK(cuLibraryLoadData(&o.library, ptx, NULL, NULL, 0, NULL, NULL, 0));
+        /* Once one of its kernels is loaded, its unload waits. */
+        CU_OK(cuLibraryGetKernel(&k, o.library, "k"));
+        CU_OK(cuKernelGetFunction(&f, k));
+        break;
+    }
+    case WHAT_COUNT: break;
+    }
+    return o;
+}
+
+static CUresult release(struct object *o)
+{
+    switch (o->what) {
+    case DEVICE:
+    case MANAGED: return cuMemFree(o->dptr);
+    case HOST:
+    case HOST_ALLOC: return cuMemFreeHost(o->host);
+    case REGISTERED: return cuMemHostUnregister(o->host);
+    case ARRAY: return cuArrayDestroy(o->array);
+    case MODULE: return cuModuleUnload(o->module);
+    case LIBRARY: return cuLibraryUnload(o->library);
+    case WHAT_COUNT: break;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- the stall: a release while a 1 s kernel runs on another stream ----- */
+
+struct launcher {
+    CUcontext ctx;
+    CUstream stream;
+    atomic_int go;
+    uint64_t blocked_ns;
+};
+
+static void *launch_meanwhile(void *arg)
+{
+    struct launcher *l = arg;
+    cuCtxSetCurrent(l->ctx);
+    while (!atomic_load(&l->go))
+        ;
+    uint64_t before = testdrv_thread_blocked_ns();
+    testdrv_launch(l->stream, 10, 0, 0, TESTDRV_NONE);
+    l->blocked_ns = testdrv_thread_blocked_ns() - before;
+    return NULL;
+}
+
+struct stall {
+    CUresult rc;
+    uint64_t wait_calls;  /* calls of the releasing thread that may wait */
+    uint64_t blocked_ns;  /* time the releasing thread was blocked */
+    uint64_t other_ns;    /* time another thread's launch was blocked */
+};
+
+static struct stall stall_of(enum what what)
+{
+    CUcontext ctx = test_context();
+    struct object o = make(what);
+    CUstream busy = test_stream(CU_STREAM_NON_BLOCKING);
+    struct launcher l = {.ctx = ctx, .stream = test_stream(CU_STREAM_NON_BLOCKING)};
+    pthread_t t;
+    pthread_create(&t, NULL, launch_meanwhile, &l);
+    CU_OK(testdrv_launch(busy, KERNEL_US, 0, 0, TESTDRV_NONE));
+    usleep(20000);
+
+    struct stall s;
+    uint64_t calls = testdrv_thread_wait_calls(), blocked = testdrv_thread_blocked_ns();
+    atomic_store(&l.go, 1);
+    s.rc = release(&o);
+    s.wait_calls = testdrv_thread_wait_calls() - calls;
+    s.blocked_ns = testdrv_thread_blocked_ns() - blocked;
+    pthread_join(t, NULL);
+    s.other_ns = l.blocked_ns;
+    CU_OK(cuCtxSynchronize());
+    return s;
+}
+
+static void expect_free_of_waits(enum what what)
+{
+    struct stall s = stall_of(what);
+    cr_assert_eq(s.rc, CUDA_SUCCESS);
+    cr_expect_eq(s.wait_calls, 0, "%s: the caller made %llu calls that may wait",
+                 what_option[what], (unsigned long long)s.wait_calls);
+    cr_expect_lt(s.blocked_ns, 5 * MS, "%s: the caller was blocked %llu ns", what_option[what],
+                 (unsigned long long)s.blocked_ns);
+    cr_expect_lt(s.other_ns, 5 * MS, "%s: another thread's launch was blocked %llu ns",
+                 what_option[what], (unsigned long long)s.other_ns);
+}
+
+/* With the kind switched off the driver's own release runs: the test can
+ * tell the difference. */
+static void expect_blocking_when_off(enum what what, bool stalls_others)
+{
+    setenv(what_option[what], "0", 1);
+    struct stall s = stall_of(what);
+    cr_assert_eq(s.rc, CUDA_SUCCESS);
+    cr_expect_gt(s.wait_calls, 0);
+    cr_expect_gt(s.blocked_ns, 500 * MS, "%s=0: the caller was blocked only %llu ns",
+                 what_option[what], (unsigned long long)s.blocked_ns);
+    if (stalls_others)
+        cr_expect_gt(s.other_ns, 500 * MS, "%s=0: the other launch waited only %llu ns",
+                     what_option[what], (unsigned long long)s.other_ns);
+}
+
+#define STALL_TESTS(name, what, stalls)                                                  \
+    Test(stall, name, .timeout = 20) { expect_free_of_waits(what); }                     \
+    Test(stall, name##_off_blocks, .timeout = 20) { expect_blocking_when_off(what, stalls); }
+
+STALL_TESTS(device, DEVICE, true)
+STALL_TESTS(managed, MANAGED, true)
+STALL_TESTS(host, HOST, true)
+STALL_TESTS(host_alloc, HOST_ALLOC, true)
+STALL_TESTS(registered, REGISTERED, true)
+STALL_TESTS(array, ARRAY, true)
+STALL_TESTS(module, MODULE, false)
+STALL_TESTS(library, LIBRARY, false)
+
+Test(stall, master_switch_off_passes_through, .timeout = 20)
+{
+    setenv("CUDEFER_ENABLE", "0", 1);
+    struct stall s = stall_of(DEVICE);
+    cr_expect_gt(s.blocked_ns, 500 * MS);
+}
+
+/* ---- the use after free of a bare cuMemFreeAsync does not happen --------- */
+
+static void writer_then_free(CUstream writer_stream, bool ptds)
+{
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(testdrv_launch(writer_stream, 200000, buf, 1 << 20, TESTDRV_WRITE));
+    (void)ptds;
+    usleep(10000);
+    CU_OK(cuMemFree(buf));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "a kernel wrote to memory the shim let go");
+}
+
+Test(hazard, writer_on_non_blocking_stream, .timeout = 10)
+{
+    test_context();
+    writer_then_free(test_stream(CU_STREAM_NON_BLOCKING), false);
+}
+
+Test(hazard, writer_on_blocking_stream, .timeout = 10)
+{
+    test_context();
+    writer_then_free(test_stream(CU_STREAM_DEFAULT), false);
+}
+
+Test(hazard, writer_on_legacy_stream, .timeout = 10)
+{
+    test_context();
+    writer_then_free(CU_STREAM_LEGACY, false);
+}
+
+Test(hazard, writer_on_per_thread_stream, .timeout = 10)
+{
+    test_context();
+    writer_then_free(CU_STREAM_PER_THREAD, true);
+}
+
+Test(hazard, writer_under_pre_12_5_fence, .timeout = 10)
+{
+    /* Before 12.5 the fence is events on the streams the program made. */
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    test_context();
+    writer_then_free(test_stream(CU_STREAM_NON_BLOCKING), false);
+    writer_then_free(test_stream(CU_STREAM_DEFAULT), false);
+    writer_then_free(CU_STREAM_LEGACY, false);
+}
+
+Test(hazard, stream_destroyed_while_writing_pre_12_5, .timeout = 10)
+{
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    test_context();
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(testdrv_launch(s, 200000, buf, 1 << 20, TESTDRV_WRITE));
+    CU_OK(cuStreamDestroy(s)); /* its work still runs */
+    CU_OK(cuMemFree(buf));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* ---- the kernel that waits for the host ---------------------------------- */
+
+Test(hazard, kernel_waiting_for_the_releasing_thread_completes, .timeout = 10)
+{
+    test_context();
+    static volatile int flag;
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 4096));
+    CU_OK(testdrv_launch_spin(test_stream(CU_STREAM_NON_BLOCKING), &flag));
+    /* Without the shim this cuMemFree waits for the spinning kernel, which
+     * waits for the flag set below: a deadlock (the timeout fails it). */
+    CU_OK(cuMemFree(buf));
+    flag = 1;
+    CU_OK(cuCtxSynchronize());
+}
+
+/* ---- flush points -------------------------------------------------------- */
+
+Test(flush, ctx_synchronize_releases_the_queue, .timeout = 10)
+{
+    test_context();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(cuMemFreeHost(h));
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the release was not deferred");
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "cuCtxSynchronize left it queued");
+}
+
+Test(flush, explicit_flush, .timeout = 10)
+{
+    test_context();
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {.Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT,
+                               .NumChannels = 1};
+    CU_OK(cuArrayCreate(&a, &d));
+    CU_OK(cuArrayDestroy(a));
+    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 1);
+    cr_expect_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 0);
+}
+
+Test(flush, device_memory_comes_back_without_a_sync, .timeout = 10)
+{
+    test_context();
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, 1 << 20));
+    CU_OK(cuMemFree(p));
+    /* The waiter synchronises the completed free: no program sync needed. */
+    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE) + testdrv_pending_free_bytes(); i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(testdrv_pending_free_bytes(), 0);
+}
+
+Test(flush, limit_releases_at_next_allocation, .timeout = 10)
+{
+    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "4", 1);
+    test_context();
+    void *h[6];
+    for (int i = 0; i < 6; i++)
+        CU_OK(cuMemAllocHost(&h[i], 4096));
+    for (int i = 0; i < 6; i++)
+        CU_OK(cuMemFreeHost(h[i]));
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 6);
+    void *more;
+    CU_OK(cuMemAllocHost(&more, 4096));
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the over-limit queue was not released");
+}
+
+/* ---- out of memory: flush, then retry once ------------------------------- */
+
+/* Device frees still behind a running kernel: the allocation that fails for
+ * want of their memory succeeds after the flush waits for them. */
+static void device_oom_retry(CUresult (*alloc)(size_t), const char *name)
+{
+    setenv("TESTDRIVER_DEVICE_BYTES", "67108864", 1);
+    test_context();
+    CUdeviceptr big;
+    CU_OK(cuMemAlloc(&big, 48 << 20));
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 200000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuMemFree(big));
+    uint64_t before = testdrv_calls(name);
+    cr_expect_eq(alloc(48 << 20), CUDA_SUCCESS, "%s was not retried after the flush", name);
+    cr_expect_eq(testdrv_calls(name), before + 2, "%s: expected one failure and one retry", name);
+}
+
+static CUresult alloc_device(size_t n) { CUdeviceptr p; return cuMemAlloc(&p, n); }
+static CUresult alloc_pitch(size_t n)
+{
+    CUdeviceptr p;
+    size_t pitch;
+    return cuMemAllocPitch(&p, &pitch, n / 1024, 1024, 4);
+}
+static CUresult alloc_managed(size_t n) { CUdeviceptr p; return cuMemAllocManaged(&p, n, 1); }
+static CUresult alloc_async(size_t n) { CUdeviceptr p; return cuMemAllocAsync(&p, n, 0); }
+static CUresult alloc_array(size_t n)
+{
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {.Width = n / 4096, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                               .NumChannels = 1};
+    return cuArrayCreate(&a, &d);
+}
+static CUresult alloc_array3d(size_t n)
+{
+    CUarray a;
+    CUDA_ARRAY3D_DESCRIPTOR d = {.Width = n / 4096, .Height = 1024, .Depth = 0,
+                                 .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    return cuArray3DCreate(&a, &d);
+}
+static CUresult alloc_vmm(size_t n)
+{
+    CUmemGenericAllocationHandle h;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    return cuMemCreate(&h, n, &prop, 0);
+}
+
+Test(oom, cuMemAlloc, .timeout = 10) { device_oom_retry(alloc_device, "cuMemAlloc_v2"); }
+Test(oom, cuMemAllocPitch, .timeout = 10) { device_oom_retry(alloc_pitch, "cuMemAllocPitch_v2"); }
+Test(oom, cuMemAllocManaged, .timeout = 10) { device_oom_retry(alloc_managed, "cuMemAllocManaged"); }
+Test(oom, cuMemAllocAsync, .timeout = 10) { device_oom_retry(alloc_async, "cuMemAllocAsync"); }
+Test(oom, cuArrayCreate, .timeout = 10) { device_oom_retry(alloc_array, "cuArrayCreate_v2"); }
+Test(oom, cuArray3DCreate, .timeout = 10) { device_oom_retry(alloc_array3d, "cuArray3DCreate_v2"); }
+Test(oom, cuMemCreate, .timeout = 10) { device_oom_retry(alloc_vmm, "cuMemCreate"); }
+
+static void host_oom_retry(bool host_alloc)
+{
+    setenv("TESTDRIVER_HOST_BYTES", "67108864", 1);
+    test_context();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 48 << 20));
+    CU_OK(cuMemFreeHost(h));
+    const char *name = host_alloc ? "cuMemHostAlloc" : "cuMemAllocHost_v2";
+    uint64_t before = testdrv_calls(name);
+    CUresult rc = host_alloc ? cuMemHostAlloc(&h, 48 << 20, 0) : cuMemAllocHost(&h, 48 << 20);
+    cr_expect_eq(rc, CUDA_SUCCESS);
+    cr_expect_eq(testdrv_calls(name), before + 2);
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1);
+}
+
+Test(oom, cuMemAllocHost, .timeout = 10) { host_oom_retry(false); }
+Test(oom, cuMemHostAlloc, .timeout = 10) { host_oom_retry(true); }
+
+Test(oom, nothing_queued_means_no_retry, .timeout = 10)
+{
+    setenv("TESTDRIVER_DEVICE_BYTES", "67108864", 1);
+    test_context();
+    CUdeviceptr p;
+    uint64_t before = testdrv_calls("cuMemAlloc_v2");
+    cr_expect_eq(cuMemAlloc(&p, 128 << 20), CUDA_ERROR_OUT_OF_MEMORY);
+    cr_expect_eq(testdrv_calls("cuMemAlloc_v2"), before + 1);
+}
+
+Test(oom, many_rounds_larger_than_the_device, .timeout = 60)
+{
+    /* 200 rounds of most of the device, freed with no synchronisation. */
+    setenv("TESTDRIVER_DEVICE_BYTES", "268435456", 1);
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    for (int i = 0; i < 200; i++) {
+        CUdeviceptr p;
+        CU_OK(cuMemAlloc(&p, 200 << 20));
+        CU_OK(testdrv_launch(s, 100, p, 4096, TESTDRV_WRITE));
+        CU_OK(cuMemFree(p));
+    }
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* ---- registrations ------------------------------------------------------- */
+
+Test(registered, overlapping_registration_after_unregister, .timeout = 10)
+{
+    test_context();
+    char *mem = aligned_alloc(4096, 1 << 20);
+    CU_OK(cuMemHostRegister(mem, 1 << 20, 0));
+    CU_OK(cuMemHostUnregister(mem));
+    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 1, "the unregister was not deferred");
+    /* The program may now register the same range, or part of it, again. */
+    CU_OK(cuMemHostRegister(mem + 4096, 8192, 0));
+    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 1);
+    CU_OK(cuMemHostUnregister(mem + 4096));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 0);
+    free(mem);
+}
+
+/* ---- teardown ------------------------------------------------------------ */
+
+static void queue_one_of_each(void)
+{
+    for (enum what w = DEVICE; w < WHAT_COUNT; w++) {
+        struct object o = make(w);
+        CU_OK(release(&o));
+    }
+}
+
+static void expect_nothing_left(void)
+{
+    for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
+        cr_expect_eq(testdrv_live(k), 0, "kind %d: %zu objects left", (int)k, testdrv_live(k));
+    cr_expect_eq(testdrv_dead_context_calls(), 0, "the shim called into a destroyed context");
+}
+
+Test(teardown, ctx_destroy_with_queued_entries, .timeout = 10)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuCtxCreate(&ctx, NULL, 0, dev));
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 100000, 0, 0, TESTDRV_NONE));
+    queue_one_of_each();
+    CU_OK(cuCtxDestroy(ctx));
+    expect_nothing_left();
+}
+
+Test(teardown, last_primary_release, .timeout = 10)
+{
+    CUdevice dev;
+    test_context();
+    CU_OK(cuDeviceGet(&dev, 0));
+    queue_one_of_each();
+    CU_OK(cuDevicePrimaryCtxRelease(dev));
+    expect_nothing_left();
+}
+
+Test(teardown, primary_reset, .timeout = 10)
+{
+    CUdevice dev;
+    test_context();
+    CU_OK(cuDeviceGet(&dev, 0));
+    queue_one_of_each();
+    CU_OK(cuDevicePrimaryCtxReset(dev));
+    expect_nothing_left();
+}
+
+Test(teardown, context_used_again_after_destroy, .timeout = 10)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    for (int round = 0; round < 3; round++) {
+        CU_OK(cuCtxCreate(&ctx, NULL, 0, dev));
+        queue_one_of_each();
+        CU_OK(cuCtxDestroy(ctx));
+    }
+    expect_nothing_left();
+}
+
+/* ---- fork ---------------------------------------------------------------- */
+
+Test(process, forked_child_starts_empty, .timeout = 10)
+{
+    test_context();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(cuMemFreeHost(h));
+    uint64_t frees = testdrv_calls("cuMemFreeHost");
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* The parent's queue is not the child's to release. */
+        cudefer_flush();
+        _exit(testdrv_calls("cuMemFreeHost") == frees ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child released the parent's queue");
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+}
+
+/* ---- capture ------------------------------------------------------------- */
+
+struct capture {
+    CUcontext ctx;
+    CUstream stream;
+    atomic_int begun, release_done;
+    CUresult end_rc;
+};
+
+static void *capture_thread(void *arg)
+{
+    struct capture *c = arg;
+    cuCtxSetCurrent(c->ctx);
+    CU_OK(cuStreamBeginCapture(c->stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    atomic_store(&c->begun, 1);
+    testdrv_launch(c->stream, 100, 0, 0, TESTDRV_NONE);
+    while (!atomic_load(&c->release_done))
+        usleep(100);
+    CUgraph g;
+    c->end_rc = cuStreamEndCapture(c->stream, &g);
+    return NULL;
+}
+
+Test(capture, releases_during_a_capture_keep_it_valid, .timeout = 10)
+{
+    CUcontext ctx = test_context();
+    CUdeviceptr d;
+    void *h;
+    CU_OK(cuMemAlloc(&d, 4096));
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 50000, d, 4096, TESTDRV_WRITE));
+    struct capture c = {.ctx = ctx, .stream = test_stream(CU_STREAM_NON_BLOCKING)};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    while (!atomic_load(&c.begun))
+        usleep(100);
+    /* This thread is in the global capture mode, as programs are. */
+    cr_expect_eq(cuMemFree(d), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFreeHost(h), CUDA_SUCCESS);
+    atomic_store(&c.release_done, 1);
+    pthread_join(t, NULL);
+    cr_expect_eq(c.end_rc, CUDA_SUCCESS, "the capture was invalidated");
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxSynchronize());
+    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE); i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* ---- bad input gets the driver's answer ---------------------------------- */
+
+Test(errors, device_memory)
+{
+    test_context();
+    CUdeviceptr p;
+    int on_stack;
+    CU_OK(cuMemAlloc(&p, 4096));
+    cr_expect_eq(cuMemFree(0), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFree(p + 256), CUDA_ERROR_INVALID_VALUE, "not an allocation's base");
+    cr_expect_eq(cuMemFree((CUdeviceptr)&on_stack), CUDA_ERROR_INVALID_VALUE, "host pointer");
+    cr_expect_eq(cuMemFree(p), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "double free");
+    cr_expect_eq(cuMemFree((CUdeviceptr)0xdead0000), CUDA_ERROR_INVALID_VALUE, "never given out");
+}
+
+Test(errors, no_current_context)
+{
+    CUcontext ctx = test_context(), popped;
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, 4096));
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_expect_eq(cuMemFree(p), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cuCtxPushCurrent(ctx));
+    cr_expect_eq(cuMemFree(p), CUDA_SUCCESS, "the failed release must not consume it");
+}
+
+Test(errors, host_registrations_arrays_modules)
+{
+    test_context();
+    void *h;
+    char stack[64];
+    CU_OK(cuMemAllocHost(&h, 4096));
+    cr_expect_eq(cuMemFreeHost(stack), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemFreeHost(h), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE, "double cuMemFreeHost");
+
+    char *mem = aligned_alloc(4096, 8192);
+    cr_expect_eq(cuMemHostUnregister(mem), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CU_OK(cuMemHostRegister(mem, 8192, 0));
+    cr_expect_eq(cuMemHostUnregister(mem), CUDA_SUCCESS);
+    cr_expect_eq(cuMemHostUnregister(mem), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+
+    struct object a = make(ARRAY), m = make(MODULE), l = make(LIBRARY);
+    for (int i = 0; i < 2; i++) {
+        CUresult want = i ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+        cr_expect_eq(release(&a), want, "cuArrayDestroy #%d", i + 1);
+        cr_expect_eq(release(&m), want, "cuModuleUnload #%d", i + 1);
+        cr_expect_eq(release(&l), want, "cuLibraryUnload #%d", i + 1);
+    }
+    CU_OK(cuCtxSynchronize());
+    expect_nothing_left();
+    free(mem);
+}
+
+/* ---- many threads -------------------------------------------------------- */
+
+struct worker {
+    CUcontext ctx;
+    CUstream stream;
+};
+
+static void *churn(void *arg)
+{
+    struct worker *w = arg;
+    cuCtxSetCurrent(w->ctx);
+    for (int i = 0; i < 300; i++) {
+        CUdeviceptr d;
+        void *h;
+        if (cuMemAlloc(&d, 4096) == CUDA_SUCCESS) {
+            testdrv_launch(w->stream, 5, d, 4096, TESTDRV_WRITE);
+            if (cuMemFree(d) != CUDA_SUCCESS)
+                return (void *)1;
+        }
+        if (cuMemAllocHost(&h, 4096) == CUDA_SUCCESS && cuMemFreeHost(h) != CUDA_SUCCESS)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+Test(threads, sixteen_threads_release_concurrently, .timeout = 60)
+{
+    CUcontext ctx = test_context();
+    pthread_t t[16];
+    struct worker w[16];
+    for (int i = 0; i < 16; i++) {
+        w[i] = (struct worker){ctx, test_stream(CU_STREAM_NON_BLOCKING)};
+        pthread_create(&t[i], NULL, churn, &w[i]);
+    }
+    for (int i = 0; i < 16; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_expect_null(ret, "thread %d saw a failed release", i);
+    }
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
