@@ -175,11 +175,11 @@ struct cd_ctx *cd_ctx_get(CUcontext ctx)
 
 CUresult cd_ctx_event_get(struct cd_ctx *cs, CUevent *ev)
 {
-    pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&cs->pool_lock);
     bool have = cs->nevents > 0;
     if (have)
         *ev = cs->events[--cs->nevents];
-    pthread_mutex_unlock(&cs->lock);
+    pthread_mutex_unlock(&cs->pool_lock);
     if (have)
         return CUDA_SUCCESS;
     return cd_driver_ops()->event_create(ev, CU_EVENT_DISABLE_TIMING);
@@ -202,11 +202,11 @@ void cd_ctx_event_put(struct cd_ctx *cs, CUevent ev)
 {
     if (!ev)
         return;
-    pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&cs->pool_lock);
     bool kept = grow((void **)&cs->events, &cs->cap_events, cs->nevents + 1, sizeof(CUevent));
     if (kept)
         cs->events[cs->nevents++] = ev;
-    pthread_mutex_unlock(&cs->lock);
+    pthread_mutex_unlock(&cs->pool_lock);
     if (!kept)
         cd_driver_ops()->event_destroy(ev);
 }
@@ -308,13 +308,13 @@ void cd_ctx_prune_finals(struct cd_ctx *cs)
 void cd_ctx_release_slot(struct cd_ctx *cs)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&cs->pool_lock);
     for (size_t i = 0; i < cs->nevents; i++)
         ops->event_destroy(cs->events[i]);
     free(cs->events);
     cs->events = NULL;
     cs->nevents = cs->cap_events = 0;
-    pthread_mutex_unlock(&cs->lock);
+    pthread_mutex_unlock(&cs->pool_lock);
     pthread_mutex_lock(&cs->streams_lock);
     for (size_t i = 0; i < cs->nstreams; i++)
         ops->event_destroy(cs->streams[i].event);
@@ -344,6 +344,7 @@ void cd_contexts_reset(void)
         struct cd_ctx *cs = &cd_contexts[i];
         memset(cs, 0, sizeof *cs);
         pthread_mutex_init(&cs->lock, NULL);
+        pthread_mutex_init(&cs->pool_lock, NULL);
         pthread_mutex_init(&cs->streams_lock, NULL);
     }
 }

@@ -31,8 +31,9 @@ struct cd_ctx {
     _Atomic long long deferred_entries;
     _Atomic bool over_limit;
 
-    pthread_mutex_t lock;          /* waiting list, events, death */
+    pthread_mutex_t lock;          /* the waiter's pass against teardown */
     struct cd_record *waiting;     /* device frees the waiter watches */
+    pthread_mutex_t pool_lock;     /* held for a few instructions only */
     CUevent *events;               /* pool of spare events */
     size_t nevents, cap_events;
 

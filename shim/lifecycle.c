@@ -199,6 +199,10 @@ static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, boo
             atomic_fetch_add(&cd_stats.released[r->kind], 1);
         }
         *link = r->queue_next;
+        /* The pool goes with the context at teardown: give the event back
+         * while the context cannot be torn down. */
+        cd_ctx_event_put(cs, r->done);
+        r->done = NULL;
         r->queue_next = finished;
         finished = r;
     }
@@ -210,7 +214,6 @@ static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, boo
     int n = 0;
     while (finished) {
         struct cd_record *next = finished->queue_next;
-        cd_ctx_event_put(cs, finished->done);
         finish(finished);
         finished = next;
         n++;
