@@ -145,10 +145,10 @@ _cudefer_targets_matching() {
 
 # Prints the test driver's folder (absolute) when the build has one.
 cudefer_test_driver_dir() {
-    local target
-    target=$(_cudefer_targets_matching '^tests/driver/libcuda\.so[.0-9]*$' | head -n 1)
-    [[ -n $target ]] || return 1
-    dirname "$cudefer_build/$target"
+    local targets
+    mapfile -t targets < <(_cudefer_targets_matching '^tests/driver/libcuda\.so[.0-9]*$')
+    ((${#targets[@]})) || return 1
+    dirname "$cudefer_build/${targets[0]}"
 }
 
 # Runs ninja in build/ with these arguments (targets, -k 0), quietly when it
