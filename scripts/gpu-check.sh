@@ -1,0 +1,375 @@
+#!/usr/bin/env bash
+# gpu-check.sh - the real-GPU checks of cudefer, in one run (under 8 minutes).
+#
+# Run from anywhere on a machine with an NVIDIA GPU, the CUDA toolkit
+# (nvcc, cuda.h, the driver stub), meson + ninja, gcc and python3 (torch
+# for check 1d):
+#
+#     scripts/gpu-check.sh
+#
+# It builds the shim (build-gpu/shim/libcudefer.so) and the programs of
+# tests/gpu, runs every check, and writes into $OUT (default ./gpu-out):
+#
+#     summary.txt      the environment, every table and the summary (also printed)
+#     results.txt      the machine-readable RUN and RESULT lines
+#     runs.log         each program run: command, exit status, stdout, stderr
+#     build.log        the build output
+#     doors-debug.log  the shim's debug lines about doors, per program
+#
+# Modes of a program run: none (no shim), passthrough (shim preloaded with
+# CUDEFER_ENABLE=0), shim (shim preloaded, enabled). Every run has a
+# timeout; a failing step is recorded and the script goes on. Exit status:
+# 0 when every check passed, 1 otherwise.
+#
+# Environment: OUT (output folder), CUDA_PATH (default /usr/local/cuda),
+# GPU_CHECK_BUDGET_S (seconds after which no further program is started,
+# default 420), GPU_CHECK_DRIVER_DIR (only to smoke-test this script
+# without a GPU: a folder holding the project's test libcuda.so.1).
+set -u
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+COMMAND="cd $ROOT && scripts/gpu-check.sh${*:+ $*}${OUT:+ (OUT=$OUT)}"
+OUT_DIR=${OUT:-$ROOT/gpu-out}
+CUDA=${CUDA_PATH:-/usr/local/cuda}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-420}
+BUILD=$ROOT/build-gpu
+BIN=$BUILD/gpu-check/bin
+WORK=$BUILD/gpu-check/work
+SHIM=$BUILD/shim/libcudefer.so
+
+mkdir -p "$OUT_DIR" "$BIN" "$WORK" || exit 2
+RESULTS=$OUT_DIR/results.txt
+RUNLOG=$OUT_DIR/runs.log
+BUILDLOG=$OUT_DIR/build.log
+DOORSLOG=$OUT_DIR/doors-debug.log
+SUMMARY=$OUT_DIR/summary.txt
+: >"$RESULTS"
+: >"$RUNLOG"
+: >"$BUILDLOG"
+: >"$DOORSLOG"
+rm -f "$WORK"/*
+
+if [ -n "${GPU_CHECK_DRIVER_DIR:-}" ]; then
+    export LD_LIBRARY_PATH="$GPU_CHECK_DRIVER_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+say() { printf '%s\n' "$*"; }
+elapsed() { echo $((SECONDS)); }
+
+# ---- recording ---------------------------------------------------------------
+
+build_result() { # step status how
+    say "RESULT build check=build mode=- id=$1 status=$2 how=$3" >>"$RESULTS"
+}
+
+# A line of k=v fields for results.txt, from a program's RESULT lines.
+tag_results() { # check mode id file
+    local id=${3//[&\/\\]/_}
+    sed -n "s/^RESULT \\([^ ]*\\)/RESULT \\1 check=$1 mode=$2 id=$id/p" "$4" >>"$RESULTS"
+}
+
+# Appends a file to runs.log, cut in the middle when it is long.
+append_log() { # file
+    local n
+    n=$(wc -l <"$1")
+    if [ "$n" -le 400 ]; then
+        cat "$1"
+    else
+        head -n 200 "$1"
+        say "[... $((n - 300)) lines left out ...]"
+        tail -n 100 "$1"
+    fi >>"$RUNLOG"
+}
+
+# ---- running -------------------------------------------------------------------
+
+# run_prog CHECK MODE ID LIMIT_S [VAR=value ...] -- COMMAND...
+# Runs COMMAND in MODE with a timeout; its stdout and stderr stay in
+# $WORK/CHECK.MODE.ID.{out,err}; records RUN and RESULT lines.
+run_prog() {
+    local check=$1 mode=$2 id=$3 limit=$4
+    shift 4
+    local -a vars=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+        vars+=("$1")
+        shift
+    done
+    shift
+    local base
+    base="$WORK/$check.$mode.$(printf '%s' "$id" | tr -c 'A-Za-z0-9_.-' '_')"
+    : >"$base.out"
+    : >"$base.err"
+
+    local left=$((BUDGET_S - $(elapsed)))
+    if [ "$left" -lt 5 ]; then
+        say "RUN check=$check mode=$mode id=$id rc=skipped secs=0" >>"$RESULTS"
+        say "=== $check / $mode / $id: SKIPPED (time budget of ${BUDGET_S}s spent)" >>"$RUNLOG"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+
+    # The run's environment: the caller's, less LD_PRELOAD and CUDEFER_*,
+    # plus the mode's variables and the run's own.
+    local -a unset_args=(-u LD_PRELOAD) set_args=()
+    local v
+    for v in $(env | sed -n 's/^\(CUDEFER_[A-Za-z0-9_]*\)=.*/\1/p'); do
+        unset_args+=(-u "$v")
+    done
+    case $mode in
+    none) ;;
+    passthrough) set_args+=("LD_PRELOAD=$SHIM" CUDEFER_ENABLE=0) ;;
+    shim) set_args+=("LD_PRELOAD=$SHIM" CUDEFER_ENABLE=1 CUDEFER_STATS=1) ;;
+    esac
+    set_args+=(${vars[@]+"${vars[@]}"})
+
+    local t0 t1 rc
+    t0=$(date +%s%N)
+    timeout -k 5 "$limit" env "${unset_args[@]}" ${set_args[@]+"${set_args[@]}"} "$@" \
+        >"$base.out" 2>"$base.err"
+    rc=$?
+    t1=$(date +%s%N)
+    local secs
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
+
+    say "RUN check=$check mode=$mode id=$id rc=$rc secs=$secs" >>"$RESULTS"
+    tag_results "$check" "$mode" "$id" "$base.out"
+    {
+        say ""
+        say "=== $check / $mode / $id: exit $rc after ${secs}s (limit ${limit}s)"
+        say "command: timeout -k 5 $limit env ${set_args[*]:-} $* (LD_PRELOAD, CUDEFER_* unset first)"
+        say "--- stdout"
+    } >>"$RUNLOG"
+    append_log "$base.out"
+    say "--- stderr" >>"$RUNLOG"
+    append_log "$base.err"
+    printf '  %-8s %-12s %-40s exit %-4s %6ss\n' "$check" "$mode" "$id" "$rc" "$secs"
+    return 0
+}
+
+# ---- build ---------------------------------------------------------------------
+
+build_shim() {
+    say "== build: shim (meson)" | tee -a "$BUILDLOG"
+    if { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dtests=false; } >>"$BUILDLOG" 2>&1 &&
+        ninja -C "$BUILD" >>"$BUILDLOG" 2>&1 && [ -f "$SHIM" ]; then
+        build_result shim ok meson
+        return
+    fi
+    # The library alone, when something else in the project does not build.
+    if [ -f "$BUILD/build.ninja" ] && ninja -C "$BUILD" shim/libcudefer.so >>"$BUILDLOG" 2>&1 &&
+        [ -f "$SHIM" ]; then
+        build_result shim fail meson_library_target_only
+        return
+    fi
+    say "== build: meson failed; building the shim with gcc directly" >>"$BUILDLOG"
+    mkdir -p "$BUILD/shim"
+    if gcc -std=c11 -O2 -g -fPIC -shared -D_GNU_SOURCE -fvisibility=hidden \
+        -I"$ROOT/include" -I"$CUDA/include" "$ROOT"/shim/*.c \
+        -Wl,--version-script="$ROOT/shim/libcudefer.map" -o "$SHIM" -lpthread -ldl \
+        >>"$BUILDLOG" 2>&1; then
+        build_result shim fail gcc_fallback
+    else
+        build_result shim fail none
+    fi
+}
+
+build_programs() {
+    local -a cflags=(-std=gnu11 -O2 -g -Wall -Wextra -I"$CUDA/include")
+    local -a libs=(-L"$CUDA/lib64/stubs" -lcuda -lpthread -ldl)
+    local p
+    for p in stall hazard deadlock oom conform capture doors_drv; do
+        say "== build: $p" >>"$BUILDLOG"
+        if gcc "${cflags[@]}" "tests/gpu/$p.c" -o "$BIN/$p" "${libs[@]}" >>"$BUILDLOG" 2>&1; then
+            build_result "$p" ok gcc
+        else
+            build_result "$p" fail gcc
+        fi
+    done
+    # shellcheck disable=SC2054 # the commas belong to nvcc's -gencode values
+    local -a nvflags=(-O2 -gencode arch=compute_90,code=sm_90
+        -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra)
+    say "== build: doors_rt_static" >>"$BUILDLOG"
+    if "$CUDA/bin/nvcc" "${nvflags[@]}" tests/gpu/doors_rt.cu -o "$BIN/doors_rt_static" \
+        >>"$BUILDLOG" 2>&1; then
+        build_result doors_rt_static ok nvcc
+    else
+        build_result doors_rt_static fail nvcc
+    fi
+    say "== build: doors_rt_shared" >>"$BUILDLOG"
+    if "$CUDA/bin/nvcc" "${nvflags[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA/lib64" \
+        tests/gpu/doors_rt.cu -o "$BIN/doors_rt_shared" >>"$BUILDLOG" 2>&1; then
+        build_result doors_rt_shared ok nvcc
+    else
+        build_result doors_rt_shared fail nvcc
+    fi
+}
+
+# ---- the checks ------------------------------------------------------------------
+
+doors_command() { # prog: sets DOORS_CMD
+    case $1 in
+    rt_static) DOORS_CMD=("$BIN/doors_rt_static") ;;
+    rt_shared) DOORS_CMD=("$BIN/doors_rt_shared") ;;
+    drv) DOORS_CMD=("$BIN/doors_drv") ;;
+    torch) DOORS_CMD=(python3 "$ROOT/tests/gpu/doors_torch.py") ;;
+    esac
+}
+
+check_doors() {
+    say "== 1. doors"
+    local prog limit
+    local -a DOORS_CMD=()
+    for prog in rt_static rt_shared drv torch; do
+        doors_command "$prog"
+        limit=60
+        [ "$prog" = torch ] && limit=120
+        run_prog doors none "$prog" "$limit" -- "${DOORS_CMD[@]}"
+        run_prog doors passthrough "$prog" "$limit" -- "${DOORS_CMD[@]}"
+        run_prog doors shim "$prog" "$limit" CUDEFER_LOG=debug \
+            "CUDEFER_REPORT=$WORK/doors.$prog.report.json" -- "${DOORS_CMD[@]}"
+        doors_compare "$prog"
+    done
+}
+
+doors_compare() { # prog
+    local prog=$1 none="$WORK/doors.none.$1.out" pass="$WORK/doors.passthrough.$1.out"
+    local shim="$WORK/doors.shim.$1.out" err="$WORK/doors.shim.$1.err"
+    local same_p=0 same_s=0 done=0
+    cmp -s "$none" "$pass" && same_p=1
+    cmp -s "$none" "$shim" && same_s=1
+    [ "$(tail -n 1 "$none")" = "done" ] && done=1
+    say "RESULT doors_compare check=doors mode=- id=$prog same_passthrough=$same_p" \
+        "same_shim=$same_s done=$done lines=$(wc -l <"$none")" >>"$RESULTS"
+    if [ $same_p = 0 ] || [ $same_s = 0 ]; then
+        {
+            say "=== doors / $prog: stdout differs"
+            diff -u "$none" "$pass" | head -n 30
+            diff -u "$none" "$shim" | head -n 30
+        } >>"$RUNLOG"
+    fi
+    # cudefer: first call of NAME (reached through: DOORS)
+    sed -n 's/^cudefer: first call of \([^ ]*\) (reached through: \(.*\))$/\1 \2/p' "$err" |
+        while read -r name doors; do
+            say "RESULT doors_name check=doors mode=shim id=$prog name=$name via=${doors// /_}"
+        done >>"$RESULTS"
+    say "RESULT doors_handouts check=doors mode=shim id=$prog" \
+        "dlsym=$(grep -c '^cudefer: dlsym(.*) -> wrapper' "$err")" \
+        "procaddr=$(grep -c '^cudefer: cuGetProcAddress(.*) -> wrapper' "$err")" >>"$RESULTS"
+    {
+        say "=== $prog (shim enabled, CUDEFER_LOG=debug)"
+        grep -E '^cudefer: (first call of|dlsym\(|cuGetProcAddress\()' "$err"
+        grep -E '^cudefer: (statistics|  )' "$err"
+        [ -f "$WORK/doors.$prog.report.json" ] && cat "$WORK/doors.$prog.report.json"
+        say ""
+    } >>"$DOORSLOG"
+}
+
+check_stall() {
+    say "== 2. stall"
+    run_prog stall none stall 60 -- "$BIN/stall" 1
+    run_prog stall passthrough stall 60 -- "$BIN/stall" 1
+    run_prog stall shim stall 90 -- "$BIN/stall" 3
+}
+
+check_hazards() {
+    say "== 3. hazards"
+    local s m
+    for s in nonblocking blocking legacy perthread ptsz; do
+        for m in device managed hostmap; do
+            run_prog hazards shim "$s:$m" 20 -- "$BIN/hazard" "$s" "$m"
+        done
+    done
+}
+
+# The unsafe control of check 3 kills its context with a fault: it runs
+# last, so that nothing else can be affected by it.
+check_hazard_control() {
+    say "== 3. hazards: the unsafe control"
+    run_prog hazards none unsafe:device 20 -- "$BIN/hazard" unsafe device
+}
+
+check_deadlock() {
+    say "== 4. deadlock"
+    run_prog deadlock shim deadlock 30 -- "$BIN/deadlock" 2000
+    run_prog deadlock passthrough deadlock 30 -- "$BIN/deadlock" 2000
+}
+
+check_oom() {
+    say "== 5. out-of-memory"
+    run_prog oom shim oom 150 -- "$BIN/oom" 200
+    run_prog oom none oom 150 -- "$BIN/oom" 200
+}
+
+check_conform() {
+    say "== 6. conformance"
+    local case mode
+    local -a cases=()
+    mapfile -t cases < <(timeout 10 "$BIN/conform" list 2>/dev/null)
+    if [ ${#cases[@]} -eq 0 ]; then
+        say "RUN check=conform mode=none id=list rc=1 secs=0" >>"$RESULTS"
+        return
+    fi
+    for case in "${cases[@]}"; do
+        for mode in none shim; do
+            run_prog conform "$mode" "$case" 20 -- "$BIN/conform" "$case"
+        done
+    done
+}
+
+check_capture() {
+    say "== 7. capture"
+    run_prog capture shim capture 60 -- "$BIN/capture" 10
+    run_prog capture none capture 60 -- "$BIN/capture" 10
+}
+
+# ---- main ----------------------------------------------------------------------------
+
+environment() {
+    say "# cudefer GPU checks"
+    say "date:    $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    say "command: $COMMAND"
+    say "gpu:     $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4 | paste -sd ';')"
+    say "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
+    say "host:    $(uname -srm); $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
+    say "tools:   $("$CUDA/bin/nvcc" --version 2>/dev/null | tail -n 1); gcc $(gcc -dumpfullversion 2>/dev/null); meson $(meson --version 2>/dev/null); $(python3 --version 2>&1)"
+    [ -n "${GPU_CHECK_DRIVER_DIR:-}" ] && say "NOTE:    libcuda.so.1 from $GPU_CHECK_DRIVER_DIR (smoke test, not a GPU run)"
+    return 0
+}
+
+environment | tee "$OUT_DIR/env.tmp"
+build_shim
+build_programs
+say "== build: $(grep -c 'status=ok' "$RESULTS") steps ok, $(grep -c 'status=fail' "$RESULTS") failed (build.log)"
+
+check_doors
+check_stall
+check_hazards
+check_deadlock
+check_oom
+check_conform
+check_capture
+check_hazard_control
+
+{
+    cat "$OUT_DIR/env.tmp"
+    say "elapsed: $(elapsed) s"
+    python3 "$ROOT/tests/gpu/report.py" "$RESULTS"
+    say "report_status=$?"
+} >"$SUMMARY.tmp" 2>&1
+rm -f "$OUT_DIR/env.tmp"
+status=$(sed -n 's/^report_status=//p' "$SUMMARY.tmp")
+grep -v '^report_status=' "$SUMMARY.tmp" >"$SUMMARY"
+rm -f "$SUMMARY.tmp"
+
+say ""
+cat "$SUMMARY"
+if [ "$status" != 0 ] && [ "$status" != 1 ]; then
+    say ""
+    say "report.py failed (status $status); runs that did not exit 0:"
+    grep '^RUN' "$RESULTS" | grep -v ' rc=0 ' || true
+    exit 1
+fi
+say ""
+say "full logs: $OUT_DIR"
+exit "$status"
