@@ -452,11 +452,10 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
 {
     if (!enabled())
         return false;
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    CUcontext cur = NULL;
-    /* Without a current context the driver's own call answers with its
-     * error, and the object stays the program's. */
-    if (!ops || ops->ctx_get_current(&cur) != CUDA_SUCCESS || !cur)
+    /* No current context is needed: the record names the context, which
+     * the scope below makes current (the driver, measured, frees memory
+     * with no current context too). */
+    if (!cd_driver_ops())
         return false;
     struct cd_record *r = NULL;
     switch (cd_registry_retire(cls, key, &r)) {

@@ -595,15 +595,28 @@ Test(errors, device_memory)
     cr_expect_eq(cuMemFree((CUdeviceptr)0xdead0000), CUDA_ERROR_INVALID_VALUE, "never given out");
 }
 
-Test(errors, no_current_context)
+/* Measured on the H200: cuMemFree with no current context frees the memory
+ * and returns CUDA_SUCCESS; the shim defers it all the same. */
+Test(errors, no_current_context, .timeout = 10)
 {
     CUcontext ctx = test_context(), popped;
     CUdeviceptr p;
+    void *h;
     CU_OK(cuMemAlloc(&p, 4096));
+    CU_OK(cuMemAllocHost(&h, 4096));
     CU_OK(cuCtxPopCurrent(&popped));
-    cr_expect_eq(cuMemFree(p), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(popped, ctx);
+    uint64_t calls = testdrv_thread_wait_calls();
+    cr_expect_eq(cuMemFree(p), CUDA_SUCCESS);
+    cr_expect_eq(cuMemFreeHost(h), CUDA_SUCCESS);
+    cr_expect_eq(testdrv_thread_wait_calls(), calls, "a release without a context waited");
+    cr_expect_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "double free without a context");
     CU_OK(cuCtxPushCurrent(ctx));
-    cr_expect_eq(cuMemFree(p), CUDA_SUCCESS, "the failed release must not consume it");
+    CU_OK(cuCtxSynchronize());
+    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE); i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
 }
 
 Test(errors, host_registrations_arrays_modules)
