@@ -17,6 +17,59 @@
  *   TESTDRIVER_VERSION       value of cuDriverGetVersion (default 13000);
  *                            below 12050 cuCtxRecordEvent does not exist
  *   TESTDRIVER_DEVICES       number of devices (default 1)
+ * (Byte counts accept a k/m/g suffix. The environment is read at the first
+ * of cuInit, cuDriverGetVersion and cuGetProcAddress*.)
+ *
+ * Behaviour worth knowing when writing a test (details in the sources):
+ *  - Waiting calls: cuMemFree* (device, managed and pool memory),
+ *    cuMemFreeHost, cuMemHostUnregister, cuArrayDestroy,
+ *    cuMipmappedArrayDestroy and cuModuleLoad* validate their arguments
+ *    (bad input fails at once), then wait until every stream of the
+ *    context (legacy and per-thread ones included) has finished the work
+ *    queued before the call, holding the context's launch lock meanwhile:
+ *    kernel launches (cuLaunchKernel*, testdrv_launch*) from any thread
+ *    into that context stall until the call returns. cuModuleUnload and
+ *    cuLibraryUnload (only if one of its kernels was loaded into a
+ *    context) wait without the launch lock. Context teardown waits too.
+ *    Allocations, stream-ordered calls, stream/event destruction, queries
+ *    and cuMemCreate/cuMemRelease never wait.
+ *  - Legacy stream: an op queued on it waits for the work already queued
+ *    on the blocking streams of its context (streams made without
+ *    CU_STREAM_NON_BLOCKING, per-thread default streams) and an op queued
+ *    on a blocking stream waits for the legacy stream's; non-blocking
+ *    streams are independent of it.
+ *  - testdrv_thread_wait_calls counts: cuCtxSynchronize*,
+ *    cuStreamSynchronize*, cuEventSynchronize, the waiting calls above,
+ *    cuLibraryUnload, context teardown (cuCtxDestroy*, the last primary
+ *    release, a reset) and synchronous cuMemcpyHtoD / cuMemcpyDtoH.
+ *    cuStreamQuery and cuEventQuery are not counted (they never wait).
+ *  - cuMemFreeAsync(p, s): p stops being live when s reaches the free,
+ *    whatever other streams still do. Its bytes stay counted against
+ *    capacity until a host synchronisation that waited on s at or after
+ *    the free (cuStreamSynchronize(s), cuEventSynchronize of an event
+ *    recorded on s after it, cuCtxSynchronize); dependencies reached
+ *    through other streams' event waits are not followed. The first
+ *    cuMemFreeAsync of non-pool memory in a process takes 10 ms (the real
+ *    driver's one-time set-up), counted in testdrv_thread_blocked_ns.
+ *  - Pools keep freed memory reserved up to their release threshold
+ *    (default 0); cuMemPoolTrimTo gives it back. Addresses are never
+ *    reused, pool or not.
+ *  - Device memory has no contents and a PROT_NONE address; managed and
+ *    pinned host memory is real memory that becomes PROT_NONE once freed.
+ *    Registered memory counts against the host capacity.
+ *  - A destroyed context that is still current makes calls fail with
+ *    CUDA_ERROR_CONTEXT_IS_DESTROYED (as cuda.h documents); naming a dead
+ *    context or a stream/event/module/array of one gives
+ *    CUDA_ERROR_INVALID_CONTEXT; a pointer of one is unknown
+ *    (CUDA_ERROR_INVALID_VALUE). All of these count a dead-context call.
+ *    Primary contexts keep their handle across release/retain.
+ *  - Stream capture records work without running it; graphs cannot be
+ *    launched. See capture.c for the invalidation rules.
+ *  - In a process forked from one that initialised the driver, every call
+ *    returns CUDA_ERROR_NOT_INITIALIZED (the real driver cannot be used
+ *    across fork either). At process exit the driver tears itself down
+ *    when its library is finalised: later calls return
+ *    CUDA_ERROR_DEINITIALIZED and the first one prints a line on stderr.
  */
 #ifndef CUDEFER_TESTDRIVER_H
 #define CUDEFER_TESTDRIVER_H
@@ -100,6 +153,11 @@ uint64_t testdrv_dead_context_calls(void);
 
 /* Change the device memory capacity (bytes) from now on. */
 void testdrv_set_device_capacity(size_t bytes);
+
+/* Change the pinned host memory capacity (bytes) from now on (covers
+ * cuMemAllocHost*, cuMemHostAlloc, cuMemHostRegister* and host pools).
+ * Added for the shim's host-side out-of-memory paths. */
+void testdrv_set_host_capacity(size_t bytes);
 
 /* Number of stream captures invalidated so far. */
 uint64_t testdrv_invalidated_captures(void);

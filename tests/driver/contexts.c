@@ -1,0 +1,522 @@
+/* contexts.c - contexts, the per-thread current-context stack, primary
+ * contexts and context teardown.
+ *
+ * A user context (cuCtxCreate*) dies for good at cuCtxDestroy. A primary
+ * context keeps one handle per device: it is active between the first
+ * retain and the last release (or a reset), and each activation starts
+ * clean (objects of the previous activation stay dead).
+ *
+ * Teardown (cuCtxDestroy, last primary release, reset) waits for the
+ * context's streams, then frees what the context owns: device, pinned
+ * host, managed and registered memory, arrays, modules, streams, events.
+ * Pool memory and cuMemCreate handles are not the context's and survive;
+ * libraries are context-independent and survive too (only their load into
+ * this context goes). Later calls naming the context or its objects are
+ * counted (testdrv_dead_context_calls). */
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ */
+/* Current-context stack                                               */
+
+static struct td_ctx *stack_top(void)
+{
+    return td_tls.depth ? td_tls.stack[td_tls.depth - 1] : NULL;
+}
+
+static void stack_push(struct td_ctx *c)
+{
+    if (td_tls.depth == td_tls.cap) {
+        size_t cap = td_tls.cap ? td_tls.cap * 2 : 8;
+        struct td_ctx **v = realloc(td_tls.stack, cap * sizeof *v);
+        if (!v)
+            abort();
+        td_tls.stack = v;
+        td_tls.cap = cap;
+    }
+    td_tls.stack[td_tls.depth++] = c;
+}
+
+static struct td_ctx *stack_pop(void)
+{
+    return td_tls.depth ? td_tls.stack[--td_tls.depth] : NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lookups used by every other file                                    */
+
+CUresult td_cur_ctx(struct td_ctx **out)
+{
+    struct td_ctx *c = stack_top();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->alive) {
+        td_dead_call();
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult td_cur_ctx_usable(struct td_ctx **out)
+{
+    CUresult rc = td_cur_ctx(out);
+    if (rc == CUDA_SUCCESS && (*out)->sticky != CUDA_SUCCESS)
+        rc = (*out)->sticky;
+    return rc;
+}
+
+CUresult td_ctx_arg(CUcontext h, struct td_ctx **out)
+{
+    if (!h)
+        return td_cur_ctx(out);
+    struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->alive) {
+        td_dead_call();
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* A context handle for the stack operations: known contexts only; a
+ * destroyed user context is refused (counted), an inactive primary one is
+ * accepted (using it later fails with CONTEXT_IS_DESTROYED). */
+static CUresult ctx_for_stack(CUcontext h, struct td_ctx **out)
+{
+    struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->alive && !c->primary) {
+        td_dead_call();
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Life cycle                                                          */
+
+/* Makes c alive with a fresh legacy stream. */
+static void ctx_activate(struct td_ctx *c)
+{
+    c->alive = true;
+    c->sticky = CUDA_SUCCESS;
+    c->streams = NULL; /* release_holds is left alone: a release of the
+                          previous activation may still be unwinding */
+    c->legacy = td_stream_new(c, TD_ST_LEGACY, 0, 0);
+    td_live_add(TESTDRV_CONTEXT, 1, 0);
+}
+
+/* Marks one object of a dying context dead and undoes its accounting. */
+static void obj_teardown(struct td_obj *o)
+{
+    o->ctx_dead = true;
+    switch (o->kind) {
+    case TD_OBJ_STREAM: {
+        struct td_stream *s = (struct td_stream *)o;
+        if (s->type == TD_ST_USER)
+            td_live_add(TESTDRV_STREAM, -1, 0);
+        td_stream_close(s);
+        break;
+    }
+    case TD_OBJ_EVENT:
+        td_live_add(TESTDRV_EVENT, -1, 0);
+        td_deps_free(&((struct td_event *)o)->deps);
+        break;
+    case TD_OBJ_MODULE:
+        if (!((struct td_module *)o)->lib)
+            td_live_add(TESTDRV_MODULE, -1, 0);
+        break;
+    case TD_OBJ_ARRAY:
+    case TD_OBJ_MIPMAP: {
+        struct td_array *a = (struct td_array *)o;
+        td_live_add(TESTDRV_ARRAY, -1, -(long long)a->bytes);
+        td_cap_give(TD_CAP_DEVICE, a->bytes);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Tears c down (td.mu held; dropped while waiting for its streams). The
+ * caller has checked c is alive. */
+static void ctx_teardown(struct td_ctx *c)
+{
+    c->alive = false; /* refuse new work from here on */
+    td_note_wait_call();
+    td_capture_end_ctx(c);
+    td_ctx_wait_idle(c, false);
+    td_pending_teardown_ctx(c);
+    td_mem_teardown_ctx(c);
+    td_libraries_teardown_ctx(c);
+    for (struct td_obj *o = td.all; o; o = o->all_next)
+        if (o->ctx == c && o != &c->h && !o->released && !o->ctx_dead)
+            obj_teardown(o);
+    td_deps_free(&c->wait_deps);
+    td_live_add(TESTDRV_CONTEXT, -1, 0);
+    pthread_cond_broadcast(&td.cv);
+}
+
+/* Creates a user context on dev and makes it current (lock held). */
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= td.ndevices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (flags & ~0xFFu)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct td_ctx *c = td_xcalloc(1, sizeof *c);
+    td_obj_register(&c->h, TD_OBJ_CTX, c);
+    c->dev = dev;
+    c->flags = flags;
+    ctx_activate(c);
+    stack_push(c);
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+/* Every cuCtxCreate variant ends here; the extra parameters of _v3 and
+ * _v4 (affinity, create params) are accepted and ignored. */
+static CUresult ctx_create_api(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_leave(ctx_create(pctx, flags, dev));
+}
+
+TD_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    TD_COUNT(cuCtxCreate);
+    return ctx_create_api(pctx, flags, dev);
+}
+
+TD_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    TD_COUNT(cuCtxCreate_v2);
+    return ctx_create_api(pctx, flags, dev);
+}
+
+TD_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
+                                  int numParams, unsigned int flags, CUdevice dev)
+{
+    TD_COUNT(cuCtxCreate_v3);
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ctx_create_api(pctx, flags, dev);
+}
+
+TD_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                                  unsigned int flags, CUdevice dev)
+{
+    TD_COUNT(cuCtxCreate_v4);
+    (void)ctxCreateParams;
+    return ctx_create_api(pctx, flags, dev);
+}
+
+/* cuCtxDestroy: tears a user context down; pops it if it is the calling
+ * thread's current one. Primary contexts cannot be destroyed this way. */
+static CUresult ctx_destroy(CUcontext h)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
+    if (!c || c->primary)
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (!c->alive) {
+        td_dead_call();
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    if (stack_top() == c)
+        stack_pop();
+    ctx_teardown(c);
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    TD_COUNT(cuCtxDestroy);
+    return ctx_destroy(ctx);
+}
+
+TD_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    TD_COUNT(cuCtxDestroy_v2);
+    return ctx_destroy(ctx);
+}
+
+/* ------------------------------------------------------------------ */
+/* Current context                                                     */
+
+TD_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    TD_COUNT(cuCtxGetCurrent);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pctx)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    *pctx = (CUcontext)stack_top();
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    TD_COUNT(cuCtxSetCurrent);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx) {
+        stack_pop();
+        return td_leave(CUDA_SUCCESS);
+    }
+    struct td_ctx *c;
+    if ((rc = ctx_for_stack(ctx, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (td_tls.depth)
+        td_tls.stack[td_tls.depth - 1] = c;
+    else
+        stack_push(c);
+    return td_leave(CUDA_SUCCESS);
+}
+
+static CUresult ctx_push(CUcontext ctx)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = ctx_for_stack(ctx, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    stack_push(c);
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    TD_COUNT(cuCtxPushCurrent);
+    return ctx_push(ctx);
+}
+
+TD_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    TD_COUNT(cuCtxPushCurrent_v2);
+    return ctx_push(ctx);
+}
+
+static CUresult ctx_pop(CUcontext *pctx)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!td_tls.depth)
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
+    struct td_ctx *c = stack_pop();
+    if (pctx)
+        *pctx = (CUcontext)c;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    TD_COUNT(cuCtxPopCurrent);
+    return ctx_pop(pctx);
+}
+
+TD_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    TD_COUNT(cuCtxPopCurrent_v2);
+    return ctx_pop(pctx);
+}
+
+/* Device of a context (NULL: current). */
+static CUresult ctx_get_device(CUdevice *device, CUcontext h)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!device)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = td_ctx_arg(h, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *device = c->dev;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    TD_COUNT(cuCtxGetDevice);
+    return ctx_get_device(device, NULL);
+}
+
+TD_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    TD_COUNT(cuCtxGetDevice_v2);
+    return ctx_get_device(device, ctx);
+}
+
+TD_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    TD_COUNT(cuCtxGetApiVersion);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!version)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = td_ctx_arg(ctx, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *version = 3020;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ */
+/* Synchronisation                                                     */
+
+/* cuCtxSynchronize: waits for all work submitted so far in the context,
+ * on every stream, then gives back the stream-ordered frees it covered.
+ * Returns the context's sticky error if it has (or gets) one. */
+static CUresult ctx_synchronize(CUcontext h)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = td_ctx_arg(h, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    td_note_wait_call();
+    if ((rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (c->sticky != CUDA_SUCCESS)
+        return td_leave(c->sticky);
+    struct td_deps deps = { 0 };
+    td_ctx_snapshot(c, &deps);
+    td_wait_deps(&deps);
+    td_pending_cover(&deps);
+    td_deps_free(&deps);
+    return td_leave(c->sticky);
+}
+
+TD_EXPORT CUresult cuCtxSynchronize(void)
+{
+    TD_COUNT(cuCtxSynchronize);
+    return ctx_synchronize(NULL);
+}
+
+TD_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    TD_COUNT(cuCtxSynchronize_v2);
+    return ctx_synchronize(ctx);
+}
+
+/* ------------------------------------------------------------------ */
+/* Primary contexts                                                    */
+
+static CUresult primary_get(CUdevice dev, struct td_ctx **out)
+{
+    if (dev < 0 || dev >= td.ndevices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *out = td.primary[dev];
+    return CUDA_SUCCESS;
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    TD_COUNT(cuDevicePrimaryCtxRetain);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pctx)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!c->alive)
+        ctx_activate(c);
+    c->refcount++;
+    *pctx = (CUcontext)c;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* Drops one retain; the last one tears the context down. */
+static CUresult primary_release(CUdevice dev)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!c->alive || c->refcount <= 0)
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (--c->refcount == 0)
+        ctx_teardown(c);
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    TD_COUNT(cuDevicePrimaryCtxRelease);
+    return primary_release(dev);
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    TD_COUNT(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(dev);
+}
+
+/* Tears the primary context down whatever its retain count. */
+static CUresult primary_reset(CUdevice dev)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (c->alive) {
+        c->refcount = 0;
+        ctx_teardown(c);
+    }
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    TD_COUNT(cuDevicePrimaryCtxReset);
+    return primary_reset(dev);
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    TD_COUNT(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(dev);
+}
+
+TD_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    TD_COUNT(cuDevicePrimaryCtxGetState);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flags || !active)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *flags = c->flags;
+    *active = c->alive ? 1 : 0;
+    return td_leave(CUDA_SUCCESS);
+}

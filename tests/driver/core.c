@@ -1,0 +1,272 @@
+/* core.c - global state, locking, blocking, handle table, accounting.
+ *
+ * See internal.h for the concurrency model. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct td_state td = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv = PTHREAD_COND_INITIALIZER,
+    .next_id = 1,
+};
+
+_Thread_local struct td_tls td_tls = { .mode = CU_STREAM_CAPTURE_MODE_GLOBAL };
+
+atomic_uint_fast64_t td_call_counts[TD_EP_COUNT];
+
+/* ------------------------------------------------------------------ */
+/* Entry and exit                                                      */
+
+CUresult td_enter_any(void)
+{
+    pthread_mutex_lock(&td.mu);
+    if (td.forked || td.deinitialized) {
+        CUresult rc = td.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_DEINITIALIZED;
+        if (td.deinitialized && !td.deinit_reported) {
+            td.deinit_reported = true;
+            fputs("testdriver: driver call after the driver was torn down at exit "
+                  "(CUDA_ERROR_DEINITIALIZED)\n", stderr);
+        }
+        pthread_mutex_unlock(&td.mu);
+        return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult td_enter(void)
+{
+    CUresult rc = td_enter_any();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!td.initialized) {
+        pthread_mutex_unlock(&td.mu);
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult td_leave(CUresult rc)
+{
+    pthread_mutex_unlock(&td.mu);
+    return rc;
+}
+
+/* fork(): the child of an initialised driver cannot use it (its worker
+ * threads are gone), like the real driver; every call there returns
+ * CUDA_ERROR_NOT_INITIALIZED. The lock is held across fork so the child
+ * gets it in a consistent state. */
+static void atfork_prepare(void) { pthread_mutex_lock(&td.mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&td.mu); }
+static void atfork_child(void)
+{
+    pthread_mutex_init(&td.mu, NULL);
+    pthread_cond_init(&td.cv, NULL);
+    if (td.initialized)
+        td.forked = true;
+}
+
+__attribute__((constructor)) static void td_core_ctor(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* Process exit: like the real driver, the test driver tears itself down
+ * when its library is finalised; calls made after that (from other
+ * libraries' destructors, say) get CUDA_ERROR_DEINITIALIZED and the first
+ * one is reported on stderr. Worker threads are left alone (they hold no
+ * resources that outlive the process). */
+__attribute__((destructor)) static void td_core_dtor(void)
+{
+    pthread_mutex_lock(&td.mu);
+    td.deinitialized = true;
+    pthread_mutex_unlock(&td.mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* Time and blocking                                                   */
+
+uint64_t td_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void td_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000u),
+                           .tv_nsec = (long)(ns % 1000000000u) };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+void td_block_until(bool (*done)(void *arg), void *arg)
+{
+    if (done(arg))
+        return;
+    uint64_t t0 = td_now_ns();
+    while (!done(arg))
+        pthread_cond_wait(&td.cv, &td.mu);
+    td_tls.blocked_ns += td_now_ns() - t0;
+}
+
+void td_note_wait_call(void) { td_tls.wait_calls++; }
+
+void td_dead_call(void) { td.dead_calls++; }
+
+void *td_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fputs("testdriver: out of host memory\n", stderr);
+        abort();
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handle table: open addressing on the object address. Objects are     */
+/* never removed (see internal.h), so there are no tombstones.          */
+
+static struct td_obj **table;
+static size_t table_cap, table_used;
+
+static size_t slot_of(const void *h, size_t cap)
+{
+    uintptr_t x = (uintptr_t)h;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15u;
+    return (size_t)(x >> 7) & (cap - 1);
+}
+
+static void table_put(struct td_obj *o)
+{
+    size_t i = slot_of(o, table_cap);
+    while (table[i])
+        i = (i + 1) & (table_cap - 1);
+    table[i] = o;
+}
+
+static void table_grow(void)
+{
+    struct td_obj **old = table;
+    size_t old_cap = table_cap;
+    table_cap = old_cap ? old_cap * 2 : 1024;
+    table = td_xcalloc(table_cap, sizeof *table);
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i])
+            table_put(old[i]);
+    free(old);
+}
+
+void td_obj_register(struct td_obj *o, enum td_objkind kind, struct td_ctx *ctx)
+{
+    o->kind = kind;
+    o->ctx = ctx;
+    o->all_next = td.all;
+    td.all = o;
+    if ((table_used + 1) * 2 > table_cap)
+        table_grow();
+    table_put(o);
+    table_used++;
+}
+
+struct td_obj *td_obj_find(const void *h, enum td_objkind kind)
+{
+    if (!h || !table_cap)
+        return NULL;
+    for (size_t i = slot_of(h, table_cap); table[i]; i = (i + 1) & (table_cap - 1))
+        if ((const void *)table[i] == h)
+            return table[i]->kind == kind ? table[i] : NULL;
+    return NULL;
+}
+
+CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out)
+{
+    struct td_obj *o = td_obj_find(h, kind);
+    if (!o || o->released)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (o->ctx_dead) {
+        td_dead_call();
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *out = o;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Dependencies                                                        */
+
+static bool dep_done(const struct td_dep *d) { return d->s->completed >= d->seq; }
+
+void td_deps_add(struct td_deps *d, struct td_stream *s, uint64_t seq)
+{
+    struct td_dep dep = { s, seq };
+    if (seq == 0)
+        return;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->v[i].s == s) {
+            if (d->v[i].seq < seq)
+                d->v[i].seq = seq;
+            return;
+        }
+    if (d->n == d->cap) {
+        d->cap = d->cap ? d->cap * 2 : 4;
+        struct td_dep *v = realloc(d->v, d->cap * sizeof *v);
+        if (!v) {
+            fputs("testdriver: out of host memory\n", stderr);
+            abort();
+        }
+        d->v = v;
+    }
+    d->v[d->n++] = dep;
+}
+
+void td_deps_free(struct td_deps *d)
+{
+    free(d->v);
+    d->v = NULL;
+    d->n = d->cap = 0;
+}
+
+bool td_deps_done(const struct td_deps *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (!dep_done(&d->v[i]))
+            return false;
+    return true;
+}
+
+static bool deps_done_cb(void *arg) { return td_deps_done(arg); }
+
+void td_wait_deps(const struct td_deps *d)
+{
+    td_block_until(deps_done_cb, (void *)d);
+}
+
+/* ------------------------------------------------------------------ */
+/* Accounting                                                          */
+
+void td_live_add(enum testdrv_kind kind, long count, long long bytes)
+{
+    td.live[kind] += (size_t)count;
+    td.live_bytes[kind] += (size_t)bytes;
+}
+
+bool td_cap_take(enum td_cap cap, size_t bytes)
+{
+    if (bytes > td.cap_total[cap] || td.cap_used[cap] > td.cap_total[cap] - bytes)
+        return false;
+    td.cap_used[cap] += bytes;
+    return true;
+}
+
+void td_cap_give(enum td_cap cap, size_t bytes)
+{
+    td.cap_used[cap] -= bytes < td.cap_used[cap] ? bytes : td.cap_used[cap];
+}

@@ -1,0 +1,199 @@
+/* hooks.c - simulated kernels and the testdrv_* hooks of testdriver.h.
+ *
+ * A kernel runs on its stream's worker: it sleeps in slices of at most
+ * 1 ms and touches its memory range before the first slice and after
+ * every slice (so also once at its end). A touch of memory that is not
+ * live (freed, unregistered, never allocated) is a fault: counted, and
+ * the context gets the sticky CUDA_ERROR_ILLEGAL_ADDRESS; the kernel stops
+ * there. Kernels of a context with a sticky error end at once. */
+#include "internal.h"
+
+#include <string.h>
+
+#define TOUCH_SLICE_NS 1000000u
+#define SPIN_POLL_NS 50000u
+
+/* ------------------------------------------------------------------ */
+/* Kernels                                                             */
+
+/* True if the kernel may access its range now. */
+static bool touch_ok(const struct td_op *op)
+{
+    uintptr_t p = op->u.kernel.ptr;
+    if (!p)
+        return true;
+    const struct td_alloc *a = td_alloc_covering(p, op->u.kernel.bytes);
+    if (!a)
+        return false;
+    bool read_only = a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY);
+    return !(read_only && (op->u.kernel.access & TESTDRV_WRITE));
+}
+
+static void fault(struct td_ctx *c)
+{
+    td.faults++;
+    if (c->sticky == CUDA_SUCCESS)
+        c->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+    pthread_cond_broadcast(&td.cv);
+}
+
+/* A kernel that spins (polling, without the lock) until *flag != 0. */
+static void spin_run(struct td_ctx *c, const volatile int *flag)
+{
+    while (!*flag && c->sticky == CUDA_SUCCESS) {
+        pthread_mutex_unlock(&td.mu);
+        td_sleep_ns(SPIN_POLL_NS);
+        pthread_mutex_lock(&td.mu);
+    }
+}
+
+void td_kernel_run(struct td_stream *s, struct td_op *op)
+{
+    struct td_ctx *c = s->h.ctx;
+    if (c->sticky != CUDA_SUCCESS)
+        return;
+    if (op->kind == TD_OP_SPIN) {
+        spin_run(c, op->u.spin.flag);
+        return;
+    }
+    uint64_t end = td_now_ns() + op->u.kernel.usec * 1000u;
+    for (;;) {
+        if (!touch_ok(op)) {
+            fault(c);
+            return;
+        }
+        if (c->sticky != CUDA_SUCCESS)
+            return;
+        uint64_t now = td_now_ns();
+        if (now >= end)
+            return;
+        uint64_t slice = end - now < TOUCH_SLICE_NS ? end - now : TOUCH_SLICE_NS;
+        pthread_mutex_unlock(&td.mu);
+        td_sleep_ns(slice);
+        pthread_mutex_lock(&td.mu);
+    }
+}
+
+CUresult td_launch_op(CUstream h, bool ptsz, struct td_ctx *fctx, struct td_op *op)
+{
+    struct td_stream *s;
+    bool captured;
+    CUresult rc = td_launch_stream(h, ptsz, &s);
+    if (rc == CUDA_SUCCESS && fctx && fctx != s->h.ctx)
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS)
+        rc = td_stream_submit_check(s, &captured);
+    if (rc != CUDA_SUCCESS) {
+        td_op_free(op);
+        return rc;
+    }
+    if (captured) {
+        td_capture_record(s, op);
+        return CUDA_SUCCESS;
+    }
+    return td_stream_enqueue(s, op);
+}
+
+TD_EXPORT CUresult testdrv_launch(CUstream s, unsigned usec, CUdeviceptr ptr, size_t bytes,
+                                  enum testdrv_access access)
+{
+    TD_COUNT(testdrv_launch);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_op *op = td_op_new(TD_OP_KERNEL);
+    op->u.kernel.usec = usec;
+    op->u.kernel.ptr = (uintptr_t)ptr;
+    op->u.kernel.bytes = bytes;
+    op->u.kernel.access = access;
+    return td_leave(td_launch_op(s, false, NULL, op));
+}
+
+TD_EXPORT CUresult testdrv_launch_spin(CUstream s, const volatile int *flag)
+{
+    TD_COUNT(testdrv_launch_spin);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flag)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_op *op = td_op_new(TD_OP_SPIN);
+    op->u.spin.flag = flag;
+    return td_leave(td_launch_op(s, false, NULL, op));
+}
+
+/* ------------------------------------------------------------------ */
+/* Counters                                                            */
+
+static const char *const ep_names[TD_EP_COUNT] = {
+#define TD_EP(name) #name,
+#include "entrypoints.h"
+#undef TD_EP
+};
+
+TD_EXPORT uint64_t testdrv_calls(const char *name)
+{
+    if (!name)
+        return 0;
+    for (size_t i = 0; i < TD_EP_COUNT; i++)
+        if (strcmp(ep_names[i], name) == 0)
+            return atomic_load_explicit(&td_call_counts[i], memory_order_relaxed);
+    return 0;
+}
+
+TD_EXPORT uint64_t testdrv_thread_wait_calls(void) { return td_tls.wait_calls; }
+
+TD_EXPORT uint64_t testdrv_thread_blocked_ns(void) { return td_tls.blocked_ns; }
+
+/* Reads one counter under the lock (the hooks work before cuInit). */
+static uint64_t read_u64(const uint64_t *p)
+{
+    pthread_mutex_lock(&td.mu);
+    uint64_t v = *p;
+    pthread_mutex_unlock(&td.mu);
+    return v;
+}
+
+static size_t read_size(const size_t *p)
+{
+    pthread_mutex_lock(&td.mu);
+    size_t v = *p;
+    pthread_mutex_unlock(&td.mu);
+    return v;
+}
+
+TD_EXPORT uint64_t testdrv_faults(void) { return read_u64(&td.faults); }
+
+TD_EXPORT size_t testdrv_live(enum testdrv_kind kind)
+{
+    return (unsigned)kind < TESTDRV_KIND_COUNT ? read_size(&td.live[kind]) : 0;
+}
+
+TD_EXPORT size_t testdrv_live_bytes(enum testdrv_kind kind)
+{
+    return (unsigned)kind < TESTDRV_KIND_COUNT ? read_size(&td.live_bytes[kind]) : 0;
+}
+
+TD_EXPORT size_t testdrv_pending_free_bytes(void) { return read_size(&td.pending_device_bytes); }
+
+TD_EXPORT uint64_t testdrv_dead_context_calls(void) { return read_u64(&td.dead_calls); }
+
+TD_EXPORT uint64_t testdrv_invalidated_captures(void) { return read_u64(&td.invalidated); }
+
+TD_EXPORT void testdrv_set_device_capacity(size_t bytes)
+{
+    pthread_mutex_lock(&td.mu);
+    td_config_ensure();
+    td.cap_total[TD_CAP_DEVICE] = bytes;
+    pthread_cond_broadcast(&td.cv);
+    pthread_mutex_unlock(&td.mu);
+}
+
+TD_EXPORT void testdrv_set_host_capacity(size_t bytes)
+{
+    pthread_mutex_lock(&td.mu);
+    td_config_ensure();
+    td.cap_total[TD_CAP_HOST] = bytes;
+    pthread_cond_broadcast(&td.cv);
+    pthread_mutex_unlock(&td.mu);
+}

@@ -1,0 +1,905 @@
+/* memory.c - the allocation registry and the classic memory API:
+ * cuMemAlloc*, cuMemFree*, pinned host memory, managed memory,
+ * registrations, pointer queries, synchronous copies and memset.
+ *
+ * Device memory has no backing: its addresses come from a PROT_NONE
+ * reservation (unique, never reused, a host dereference crashes). The
+ * 32-bit cuMemAlloc / cuMemFree pair gets addresses from a second
+ * reservation below 2 GiB (MAP_32BIT); without one they fail with
+ * CUDA_ERROR_OUT_OF_MEMORY. Pinned host and managed memory is real host
+ * memory; once released its pages become PROT_NONE (address kept, a late
+ * host access crashes, no later allocation can alias it).
+ *
+ * The waiting releases (cuMemFree of device or managed memory,
+ * cuMemFreeHost, cuMemHostUnregister) validate first (bad input returns
+ * at once), then wait until every stream of the allocation's context is
+ * idle while holding that context's launch lock (td_ctx_wait_idle). */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define PAGE ((size_t)4096)
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* ------------------------------------------------------------------ */
+/* Address arenas                                                      */
+
+struct arena {
+    uintptr_t next, end;
+    bool tried;
+};
+
+static struct arena high_arena, low_arena;
+
+/* Reserves the arena on first use: the largest of a few sizes that the
+ * kernel grants (PROT_NONE + MAP_NORESERVE costs no memory). */
+static void arena_init(struct arena *a, bool low)
+{
+    a->tried = true;
+    static const size_t high_sizes[] = { (size_t)1 << 40, (size_t)1 << 38, (size_t)1 << 36, (size_t)1 << 34 };
+    static const size_t low_sizes[] = { (size_t)1 << 30, (size_t)1 << 28, (size_t)1 << 26 };
+    const size_t *sizes = low ? low_sizes : high_sizes;
+    size_t n = low ? 3 : 4;
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+#ifdef MAP_32BIT
+    if (low)
+        flags |= MAP_32BIT;
+#else
+    if (low)
+        return;
+#endif
+    for (size_t i = 0; i < n; i++) {
+        void *p = mmap(NULL, sizes[i], PROT_NONE, flags, -1, 0);
+        if (p == MAP_FAILED)
+            continue;
+        if (low && (uintptr_t)p + sizes[i] > UINT32_MAX) {
+            munmap(p, sizes[i]);
+            continue;
+        }
+        a->next = (uintptr_t)p + PAGE; /* never hand out the first page */
+        a->end = (uintptr_t)p + sizes[i];
+        return;
+    }
+}
+
+uintptr_t td_va_reserve(size_t bytes, bool low)
+{
+    struct arena *a = low ? &low_arena : &high_arena;
+    if (!a->tried)
+        arena_init(a, low);
+    size_t span = round_up(bytes, PAGE) + PAGE; /* one guard page after */
+    if (!a->next || span < bytes || a->end - a->next < span)
+        return 0;
+    uintptr_t base = a->next;
+    a->next += span;
+    return base;
+}
+
+void *td_host_map(size_t bytes)
+{
+    void *p = mmap(NULL, round_up(bytes, PAGE), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* ------------------------------------------------------------------ */
+/* Registry: live allocations sorted by base (ranges never overlap)    */
+
+static struct td_alloc **reg;
+static size_t reg_n, reg_cap;
+
+/* Index of the first allocation whose base is >= p. */
+static size_t reg_lower(uintptr_t p)
+{
+    size_t lo = 0, hi = reg_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (reg[mid]->base < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+struct td_alloc *td_alloc_at(uintptr_t p)
+{
+    size_t i = reg_lower(p);
+    return i < reg_n && reg[i]->base == p ? reg[i] : NULL;
+}
+
+struct td_alloc *td_alloc_covering(uintptr_t p, size_t bytes)
+{
+    size_t i = reg_lower(p + 1);
+    if (i == 0)
+        return NULL;
+    struct td_alloc *a = reg[i - 1];
+    size_t len = bytes ? bytes : 1;
+    if (p < a->base || p - a->base >= a->size || len > a->size - (p - a->base))
+        return NULL;
+    return a;
+}
+
+/* First live allocation overlapping [p, p + len), or NULL. */
+static struct td_alloc *reg_overlap(uintptr_t p, size_t len)
+{
+    size_t i = reg_lower(p);
+    if (i > 0 && reg[i - 1]->base + reg[i - 1]->size > p)
+        return reg[i - 1];
+    if (i < reg_n && reg[i]->base < p + len)
+        return reg[i];
+    return NULL;
+}
+
+static void reg_insert(struct td_alloc *a)
+{
+    if (reg_n == reg_cap) {
+        reg_cap = reg_cap ? reg_cap * 2 : 256;
+        struct td_alloc **v = realloc(reg, reg_cap * sizeof *v);
+        if (!v)
+            abort();
+        reg = v;
+    }
+    size_t i = reg_lower(a->base);
+    memmove(&reg[i + 1], &reg[i], (reg_n - i) * sizeof *reg);
+    reg[i] = a;
+    reg_n++;
+}
+
+static void reg_remove(struct td_alloc *a)
+{
+    size_t i = reg_lower(a->base);
+    if (i < reg_n && reg[i] == a) {
+        memmove(&reg[i], &reg[i + 1], (reg_n - i - 1) * sizeof *reg);
+        reg_n--;
+    }
+}
+
+struct td_alloc *td_alloc_add(uintptr_t base, size_t size, size_t span,
+                              enum testdrv_kind kind, enum td_cap cap,
+                              struct td_ctx *ctx)
+{
+    struct td_alloc *a = td_xcalloc(1, sizeof *a);
+    a->base = base;
+    a->size = size;
+    a->span = span;
+    a->kind = kind;
+    a->cap = cap;
+    a->ctx = ctx;
+    a->id = td.next_id++;
+    a->linked = true;
+    reg_insert(a);
+    td_live_add(kind, 1, (long long)size);
+    return a;
+}
+
+void td_alloc_unlink(struct td_alloc *a)
+{
+    if (!a->linked)
+        return;
+    reg_remove(a);
+    a->linked = false;
+    td_live_add(a->kind, -1, -(long long)a->size);
+    if (a->host_backed)
+        mmap((void *)a->base, round_up(a->span, PAGE), PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* td_alloc_unlink, gives its capacity back, frees the record. */
+static void alloc_destroy(struct td_alloc *a)
+{
+    td_alloc_unlink(a);
+    td_cap_give(a->cap, a->size);
+    free(a);
+}
+
+/* ------------------------------------------------------------------ */
+/* Graveyard: ranges freed by a context teardown                       */
+
+static struct { uintptr_t base; size_t size; } *grave;
+static size_t grave_n, grave_cap;
+
+/* Remembers a range freed by a context teardown. */
+static void graveyard_add(uintptr_t base, size_t size)
+{
+    if (grave_n == grave_cap) {
+        grave_cap = grave_cap ? grave_cap * 2 : 64;
+        void *v = realloc(grave, grave_cap * sizeof *grave);
+        if (!v)
+            abort();
+        grave = v;
+    }
+    grave[grave_n].base = base;
+    grave[grave_n].size = size;
+    grave_n++;
+}
+
+bool td_graveyard_has(uintptr_t p)
+{
+    for (size_t i = 0; i < grave_n; i++)
+        if (p >= grave[i].base && p - grave[i].base < grave[i].size)
+            return true;
+    return false;
+}
+
+/* Unknown pointer passed to a release: counts a dead-context call if it
+ * belonged to a torn-down context. Returns rc. */
+static CUresult unknown_pointer(uintptr_t p, CUresult rc)
+{
+    if (td_graveyard_has(p))
+        td_dead_call();
+    return rc;
+}
+
+void td_mem_teardown_ctx(struct td_ctx *ctx)
+{
+    for (size_t i = reg_n; i-- > 0;) {
+        struct td_alloc *a = reg[i];
+        if (!a->owned || a->ctx != ctx)
+            continue;
+        graveyard_add(a->base, a->size);
+        td_alloc_unlink(a);
+        td_cap_give(a->cap, a->size);
+        if (a->busy)
+            a->torn = true; /* its pending release frees the record */
+        else
+            free(a);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Allocation                                                          */
+
+/* Front of every allocating call: a usable current context and the
+ * capture rules. */
+static CUresult alloc_front(struct td_ctx **c)
+{
+    CUresult rc = td_cur_ctx_usable(c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_capture_check_unsafe();
+}
+
+/* Makes a context-owned allocation of kind (DEVICE, HOST or MANAGED). */
+static CUresult alloc_new(struct td_ctx *c, enum testdrv_kind kind, size_t size,
+                          unsigned flags, bool low, struct td_alloc **out)
+{
+    enum td_cap cap = kind == TESTDRV_HOST ? TD_CAP_HOST : TD_CAP_DEVICE;
+    if (!td_cap_take(cap, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base;
+    if (kind == TESTDRV_DEVICE)
+        base = td_va_reserve(size, low);
+    else
+        base = (uintptr_t)td_host_map(size);
+    if (!base) {
+        td_cap_give(cap, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, c);
+    a->owned = true;
+    a->flags = flags;
+    a->low = low;
+    a->host_backed = kind != TESTDRV_DEVICE;
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+/* cuMemAlloc*: device memory of the current context. */
+static CUresult mem_alloc(uintptr_t *out, size_t size, bool low)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    struct td_alloc *a;
+    if (!out)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (size == 0)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = alloc_new(c, TESTDRV_DEVICE, size, 0, low, &a)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *out = a->base;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    TD_COUNT(cuMemAlloc_v2);
+    uintptr_t p = 0;
+    CUresult rc = mem_alloc(dptr ? &p : NULL, bytesize, false);
+    if (rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)p;
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    TD_COUNT(cuMemAlloc);
+    uintptr_t p = 0;
+    CUresult rc = mem_alloc(dptr ? &p : NULL, bytesize, true);
+    if (rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)p;
+    return rc;
+}
+
+/* cuMemAllocPitch*: rows padded to 512 bytes; element size 4, 8 or 16. */
+static CUresult mem_alloc_pitch(uintptr_t *out, size_t *pitch, size_t width, size_t height,
+                                unsigned elem, bool low)
+{
+    if (!out || !pitch || width == 0 || height == 0 ||
+        (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = round_up(width, 512);
+    if (height > SIZE_MAX / p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = mem_alloc(out, p * height, low);
+    if (rc == CUDA_SUCCESS)
+        *pitch = p;
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                      size_t Height, unsigned int ElementSizeBytes)
+{
+    TD_COUNT(cuMemAllocPitch_v2);
+    uintptr_t p = 0;
+    CUresult rc = mem_alloc_pitch(dptr ? &p : NULL, pPitch, WidthInBytes, Height,
+                                  ElementSizeBytes, false);
+    if (rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)p;
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch,
+                                   unsigned int WidthInBytes, unsigned int Height,
+                                   unsigned int ElementSizeBytes)
+{
+    TD_COUNT(cuMemAllocPitch);
+    uintptr_t p = 0;
+    size_t pitch = 0;
+    CUresult rc = mem_alloc_pitch(dptr ? &p : NULL, pPitch ? &pitch : NULL, WidthInBytes,
+                                  Height, ElementSizeBytes, true);
+    if (rc == CUDA_SUCCESS) {
+        *dptr = (CUdeviceptr_v1)p;
+        *pPitch = (unsigned)pitch;
+    }
+    return rc;
+}
+
+/* cuMemAllocHost / cuMemHostAlloc: pinned host memory (host capacity). */
+static CUresult host_alloc(void **pp, size_t size, unsigned flags)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                           CU_MEMHOSTALLOC_WRITECOMBINED;
+    if (!pp || (flags & ~known))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    struct td_alloc *a;
+    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (size == 0)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = alloc_new(c, TESTDRV_HOST, size, flags, false, &a)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *pp = (void *)a->base;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    TD_COUNT(cuMemAllocHost_v2);
+    return host_alloc(pp, bytesize, 0);
+}
+
+TD_EXPORT CUresult cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+    TD_COUNT(cuMemAllocHost);
+    return host_alloc(pp, bytesize, 0);
+}
+
+TD_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    TD_COUNT(cuMemHostAlloc);
+    return host_alloc(pp, bytesize, Flags);
+}
+
+/* cuMemAllocManaged: host-accessible memory counted as device memory. */
+TD_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    TD_COUNT(cuMemAllocManaged);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    struct td_alloc *a;
+    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (bytesize == 0)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = alloc_new(c, TESTDRV_MANAGED, bytesize, flags, false, &a)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *dptr = (CUdeviceptr)a->base;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* cuMemHostRegister*: pins [p, p + size) of the program's memory (host
+ * capacity). Overlapping any pinned range fails with
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. Does not wait. */
+static CUresult host_register(void *p, size_t size, unsigned flags)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!p || size == 0 || (flags & ~0x0Fu) || (uintptr_t)p + size < (uintptr_t)p)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (reg_overlap((uintptr_t)p, size))
+        return td_leave(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    if (!td_cap_take(TD_CAP_HOST, size))
+        return td_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    struct td_alloc *a = td_alloc_add((uintptr_t)p, size, size, TESTDRV_REGISTERED,
+                                      TD_CAP_HOST, c);
+    a->owned = true;
+    a->flags = flags;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    TD_COUNT(cuMemHostRegister_v2);
+    return host_register(p, bytesize, Flags);
+}
+
+TD_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+    TD_COUNT(cuMemHostRegister);
+    return host_register(p, bytesize, Flags);
+}
+
+/* ------------------------------------------------------------------ */
+/* Waiting releases                                                    */
+
+/* Front of a waiting release: counts the wait call, a usable current
+ * context, the capture rules. */
+static CUresult release_front(struct td_ctx **c)
+{
+    td_note_wait_call();
+    CUresult rc = td_cur_ctx_usable(c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_capture_check_unsafe();
+}
+
+/* Second half of a waiting release of a validated allocation: waits for
+ * its context (or cur) with the launch lock held, then releases it. */
+static CUresult release_wait_and_free(struct td_alloc *a, struct td_ctx *cur)
+{
+    struct td_ctx *wctx = a->ctx && a->ctx->alive ? a->ctx : cur;
+    a->busy = true;
+    td_ctx_wait_idle(wctx, true);
+    if (a->torn) {
+        free(a);
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    if (a->pool)
+        td_pool_free_now(a);
+    else
+        alloc_destroy(a);
+    return CUDA_SUCCESS;
+}
+
+/* cuMemFree*: device, pool or managed memory, by its base address. */
+static CUresult mem_free(uintptr_t p)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (p == 0)
+        return td_leave(CUDA_SUCCESS);
+    struct td_alloc *a = td_alloc_at(p);
+    if (!a)
+        return td_leave(unknown_pointer(p, CUDA_ERROR_INVALID_VALUE));
+    if (a->busy || (a->kind != TESTDRV_DEVICE && a->kind != TESTDRV_MANAGED) ||
+        (a->pool && a->pool->kind == TESTDRV_HOST))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    return td_leave(release_wait_and_free(a, c));
+}
+
+TD_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    TD_COUNT(cuMemFree_v2);
+    return mem_free((uintptr_t)dptr);
+}
+
+TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    TD_COUNT(cuMemFree);
+    return mem_free((uintptr_t)dptr);
+}
+
+/* cuMemFreeHost: memory from cuMemAllocHost / cuMemHostAlloc only. */
+TD_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    TD_COUNT(cuMemFreeHost);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_at((uintptr_t)p);
+    if (!a)
+        return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_INVALID_VALUE));
+    if (a->busy || a->kind != TESTDRV_HOST || a->pool)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    return td_leave(release_wait_and_free(a, c));
+}
+
+/* cuMemHostUnregister: p must be the base of a registration. */
+TD_EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    TD_COUNT(cuMemHostUnregister);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_at((uintptr_t)p);
+    if (!a || a->busy || a->kind != TESTDRV_REGISTERED)
+        return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
+    return td_leave(release_wait_and_free(a, c));
+}
+
+/* ------------------------------------------------------------------ */
+/* Queries                                                             */
+
+static CUresult mem_get_info(size_t *free_b, size_t *total_b)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!free_b || !total_b)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *total_b = td.cap_total[TD_CAP_DEVICE];
+    *free_b = *total_b - td.cap_used[TD_CAP_DEVICE];
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    TD_COUNT(cuMemGetInfo_v2);
+    return mem_get_info(free, total);
+}
+
+static unsigned clamp_u32(size_t v) { return v > UINT32_MAX ? UINT32_MAX : (unsigned)v; }
+
+TD_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    TD_COUNT(cuMemGetInfo);
+    size_t f = 0, t = 0;
+    CUresult rc = mem_get_info(free ? &f : NULL, total ? &t : NULL);
+    if (rc == CUDA_SUCCESS) {
+        *free = clamp_u32(f);
+        *total = clamp_u32(t);
+    }
+    return rc;
+}
+
+/* Base and size of the allocation containing p (either output may be
+ * NULL); CUDA_ERROR_NOT_FOUND for a pointer of no live allocation. */
+static CUresult get_address_range(uintptr_t *pbase, size_t *psize, uintptr_t p)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_covering(p, 0);
+    if (!a)
+        return td_leave(unknown_pointer(p, CUDA_ERROR_NOT_FOUND));
+    if (pbase)
+        *pbase = a->base;
+    if (psize)
+        *psize = a->size;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    TD_COUNT(cuMemGetAddressRange_v2);
+    uintptr_t b = 0;
+    CUresult rc = get_address_range(&b, psize, (uintptr_t)dptr);
+    if (rc == CUDA_SUCCESS && pbase)
+        *pbase = (CUdeviceptr)b;
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize,
+                                        CUdeviceptr_v1 dptr)
+{
+    TD_COUNT(cuMemGetAddressRange);
+    uintptr_t b = 0;
+    size_t s = 0;
+    CUresult rc = get_address_range(&b, &s, (uintptr_t)dptr);
+    if (rc == CUDA_SUCCESS) {
+        if (pbase)
+            *pbase = (CUdeviceptr_v1)b;
+        if (psize)
+            *psize = clamp_u32(s);
+    }
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
+{
+    TD_COUNT(cuMemHostGetFlags);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pFlags)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_covering((uintptr_t)p, 0);
+    if (!a || a->kind != TESTDRV_HOST)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    *pFlags = a->flags;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* Pinned and registered memory is mapped at the same address on the
+ * device (unified addressing). */
+static CUresult host_get_device_pointer(uintptr_t *out, void *p, unsigned flags)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!out || flags != 0)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_ctx *c;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_covering((uintptr_t)p, 0);
+    if (!a || (a->kind != TESTDRV_HOST && a->kind != TESTDRV_REGISTERED))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    *out = (uintptr_t)p;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    TD_COUNT(cuMemHostGetDevicePointer_v2);
+    uintptr_t d = 0;
+    CUresult rc = host_get_device_pointer(pdptr ? &d : NULL, p, Flags);
+    if (rc == CUDA_SUCCESS)
+        *pdptr = (CUdeviceptr)d;
+    return rc;
+}
+
+TD_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *pdptr, void *p, unsigned int Flags)
+{
+    TD_COUNT(cuMemHostGetDevicePointer);
+    uintptr_t d = 0;
+    CUresult rc = host_get_device_pointer(pdptr ? &d : NULL, p, Flags);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (d > UINT32_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = (CUdeviceptr_v1)d;
+    return rc;
+}
+
+/* Writes one pointer attribute of allocation a (p inside it). */
+static CUresult pointer_attribute(void *data, CUpointer_attribute attr, struct td_alloc *a,
+                                  uintptr_t p)
+{
+    bool host_visible = a->kind != TESTDRV_DEVICE;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = (CUcontext)a->ctx;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = a->kind == TESTDRV_HOST || a->kind == TESTDRV_REGISTERED
+                                ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = (CUdeviceptr)p;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (!host_visible)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = (void *)p;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = a->id;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned *)data = a->kind == TESTDRV_MANAGED;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = a->ctx ? a->ctx->dev : 0;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = a->size;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(unsigned *)data = 1;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *(CUmemoryPool *)data = (CUmemoryPool)a->pool;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+TD_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    TD_COUNT(cuPointerGetAttribute);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!data)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_alloc *a = td_alloc_covering((uintptr_t)ptr, 0);
+    if (!a)
+        return td_leave(unknown_pointer((uintptr_t)ptr, CUDA_ERROR_INVALID_VALUE));
+    return td_leave(pointer_attribute(data, attribute, a, (uintptr_t)ptr));
+}
+
+/* ------------------------------------------------------------------ */
+/* Synchronous copies and memset                                       */
+
+/* The stream a synchronous copy or memset runs on (legacy, or the
+ * per-thread stream for _ptds), after the capture rules. A capturing
+ * per-thread stream cannot take a synchronous operation. */
+static CUresult sync_op_stream(bool ptds, struct td_stream **out)
+{
+    CUresult rc = td_stream_get(NULL, ptds, out);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    bool captured;
+    if ((rc = td_stream_submit_check(*out, &captured)) != CUDA_SUCCESS)
+        return rc;
+    if (captured) {
+        td_capture_invalidate((*out)->capture);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* cuMemcpyHtoD / DtoH: the device range must lie in one live allocation;
+ * the copy is ordered on the legacy (or per-thread) stream and the call
+ * returns once it ran. Host-backed memory (managed, pinned) is really
+ * copied; plain device memory has no contents (DtoH leaves dst as is). */
+static CUresult sync_copy(uintptr_t dev, void *host, size_t n, bool to_device, bool ptds)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    td_note_wait_call();
+    struct td_ctx *c;
+    struct td_stream *s;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
+        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (n == 0)
+        return td_leave(CUDA_SUCCESS);
+    if (!host || !td_alloc_covering(dev, n))
+        return td_leave(unknown_pointer(dev, CUDA_ERROR_INVALID_VALUE));
+    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS ||
+        (rc = td_stream_enqueue(s, td_op_new(TD_OP_NOP))) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_deps deps = { 0 };
+    td_deps_add(&deps, s, s->submitted);
+    td_wait_deps(&deps);
+    td_deps_free(&deps);
+    struct td_alloc *a = td_alloc_covering(dev, n);
+    if (a && a->host_backed)
+        memcpy(to_device ? (void *)dev : host, to_device ? host : (void *)dev, n);
+    return td_leave(c->sticky);
+}
+
+TD_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyHtoD_v2);
+    return sync_copy((uintptr_t)dstDevice, (void *)srcHost, ByteCount, true, false);
+}
+
+TD_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyHtoD_v2_ptds);
+    return sync_copy((uintptr_t)dstDevice, (void *)srcHost, ByteCount, true, true);
+}
+
+TD_EXPORT CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount)
+{
+    TD_COUNT(cuMemcpyHtoD);
+    return sync_copy((uintptr_t)dstDevice, (void *)srcHost, ByteCount, true, false);
+}
+
+TD_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyDtoH_v2);
+    return sync_copy((uintptr_t)srcDevice, dstHost, ByteCount, false, false);
+}
+
+TD_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyDtoH_v2_ptds);
+    return sync_copy((uintptr_t)srcDevice, dstHost, ByteCount, false, true);
+}
+
+TD_EXPORT CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
+{
+    TD_COUNT(cuMemcpyDtoH);
+    return sync_copy((uintptr_t)srcDevice, dstHost, ByteCount, false, false);
+}
+
+/* cuMemsetD8: validates the range and queues an ordering point on the
+ * legacy (or per-thread) stream without waiting; host-backed memory is
+ * set at once. */
+static CUresult memset_d8(uintptr_t dev, unsigned char v, size_t n, bool ptds)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    struct td_stream *s;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
+        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (n == 0)
+        return td_leave(CUDA_SUCCESS);
+    struct td_alloc *a = td_alloc_covering(dev, n);
+    if (!a)
+        return td_leave(unknown_pointer(dev, CUDA_ERROR_INVALID_VALUE));
+    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (a->host_backed)
+        memset((void *)dev, v, n);
+    return td_leave(td_stream_enqueue(s, td_op_new(TD_OP_NOP)));
+}
+
+TD_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    TD_COUNT(cuMemsetD8_v2);
+    return memset_d8((uintptr_t)dstDevice, uc, N, false);
+}
+
+TD_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    TD_COUNT(cuMemsetD8_v2_ptds);
+    return memset_d8((uintptr_t)dstDevice, uc, N, true);
+}
+
+TD_EXPORT CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
+{
+    TD_COUNT(cuMemsetD8);
+    return memset_d8((uintptr_t)dstDevice, uc, N, false);
+}

@@ -1,0 +1,387 @@
+/* modules.c - modules, libraries, kernels and cuLaunchKernel.
+ *
+ * Images are not parsed: any non-NULL image (or file name) loads, and any
+ * function name resolves. A function is a no-op kernel of 10 us.
+ *
+ * Waiting behaviour (measured on an H200, DESIGN.md section 1):
+ *  - cuModuleLoad* waits for every stream of the context while holding
+ *    its launch lock, like cuMemFree (a load, but it stalls too);
+ *  - cuModuleUnload waits for every stream but holds no launch lock;
+ *  - cuLibraryUnload waits like cuModuleUnload for each context the
+ *    library was loaded into (cuLibraryGetModule, cuKernelGetFunction or
+ *    a launch of one of its kernels), and returns at once otherwise.
+ * Libraries are context-independent: a context teardown drops only their
+ * load into that context. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LAUNCH_USEC 10
+
+static char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = td_xcalloc(n, 1);
+    memcpy(d, s, n);
+    return d;
+}
+
+/* ------------------------------------------------------------------ */
+/* Modules and functions                                               */
+
+static struct td_module *module_new(struct td_ctx *c, struct td_library *lib)
+{
+    struct td_module *m = td_xcalloc(1, sizeof *m);
+    td_obj_register(&m->h, TD_OBJ_MODULE, c);
+    m->lib = lib;
+    return m;
+}
+
+/* The function called name in m (made on first request, then the same
+ * handle). */
+static struct td_function *module_function(struct td_module *m, const char *name)
+{
+    for (struct td_function *f = m->funcs; f; f = f->next)
+        if (strcmp(f->name, name) == 0)
+            return f;
+    struct td_function *f = td_xcalloc(1, sizeof *f);
+    td_obj_register(&f->h, TD_OBJ_FUNCTION, m->h.ctx);
+    f->mod = m;
+    f->name = xstrdup(name);
+    f->next = m->funcs;
+    m->funcs = f;
+    return f;
+}
+
+/* Marks a module and its functions released. */
+static void module_release(struct td_module *m)
+{
+    m->h.released = true;
+    for (struct td_function *f = m->funcs; f; f = f->next)
+        f->h.released = true;
+}
+
+/* cuModuleLoad*: a waiting call (see the file comment). */
+static CUresult module_load(CUmodule *out, const void *image)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    td_note_wait_call();
+    struct td_ctx *c;
+    if (!out)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
+        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!image)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    td_ctx_wait_idle(c, true);
+    if (!c->alive)
+        return td_leave(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    struct td_module *m = module_new(c, NULL);
+    td_live_add(TESTDRV_MODULE, 1, 0);
+    *out = (CUmodule)m;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    TD_COUNT(cuModuleLoad);
+    return module_load(module, fname);
+}
+
+TD_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    TD_COUNT(cuModuleLoadData);
+    return module_load(module, image);
+}
+
+TD_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                      CUjit_option *options, void **optionValues)
+{
+    TD_COUNT(cuModuleLoadDataEx);
+    if (numOptions && (!options || !optionValues))
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_load(module, image);
+}
+
+TD_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    TD_COUNT(cuModuleLoadFatBinary);
+    return module_load(module, fatCubin);
+}
+
+TD_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    TD_COUNT(cuModuleGetFunction);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!hfunc || !name)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_obj *o;
+    if ((rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *hfunc = (CUfunction)module_function((struct td_module *)o, name);
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* cuModuleUnload: waits for all streams of the module's context (no
+ * launch lock). Modules owned by a library cannot be unloaded alone. */
+TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    TD_COUNT(cuModuleUnload);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    td_note_wait_call();
+    struct td_ctx *c;
+    struct td_obj *o;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
+        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS ||
+        (rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_module *m = (struct td_module *)o;
+    if (m->lib)
+        return td_leave(CUDA_ERROR_INVALID_HANDLE);
+    module_release(m);
+    td_ctx_wait_idle(m->h.ctx->alive ? m->h.ctx : c, false);
+    td_live_add(TESTDRV_MODULE, -1, 0);
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ */
+/* Libraries and kernels                                               */
+
+/* The module of lib in context c, loading the library into c on first
+ * use. */
+static struct td_module *library_module(struct td_library *lib, struct td_ctx *c)
+{
+    for (struct td_libload *l = lib->loads; l; l = l->next)
+        if (l->ctx == c)
+            return l->mod;
+    struct td_libload *l = td_xcalloc(1, sizeof *l);
+    l->ctx = c;
+    l->mod = module_new(c, lib);
+    l->next = lib->loads;
+    lib->loads = l;
+    return l->mod;
+}
+
+void td_libraries_teardown_ctx(struct td_ctx *ctx)
+{
+    for (struct td_obj *o = td.all; o; o = o->all_next) {
+        if (o->kind != TD_OBJ_LIBRARY)
+            continue;
+        struct td_library *lib = (struct td_library *)o;
+        for (struct td_libload **pp = &lib->loads; *pp;) {
+            struct td_libload *l = *pp;
+            if (l->ctx == ctx) {
+                *pp = l->next;
+                free(l);
+            } else {
+                pp = &l->next;
+            }
+        }
+    }
+}
+
+static CUresult library_load(CUlibrary *out, const void *code)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!out || !code)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_library *lib = td_xcalloc(1, sizeof *lib);
+    td_obj_register(&lib->h, TD_OBJ_LIBRARY, NULL);
+    td_live_add(TESTDRV_LIBRARY, 1, 0);
+    *out = (CUlibrary)lib;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code,
+                                     CUjit_option *jitOptions, void **jitOptionsValues,
+                                     unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                     void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    TD_COUNT(cuLibraryLoadData);
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return library_load(library, code);
+}
+
+TD_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                         CUjit_option *jitOptions, void **jitOptionsValues,
+                                         unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    TD_COUNT(cuLibraryLoadFromFile);
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    return library_load(library, fileName);
+}
+
+/* cuLibraryUnload: waits for the streams of every live context the
+ * library was loaded into (no launch lock); immediate if none. */
+TD_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    TD_COUNT(cuLibraryUnload);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    td_note_wait_call();
+    struct td_obj *o;
+    if ((rc = td_obj_get(library, TD_OBJ_LIBRARY, &o)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_library *lib = (struct td_library *)o;
+    lib->h.released = true;
+    for (struct td_kernel *k = lib->kernels; k; k = k->next)
+        k->h.released = true;
+    while (lib->loads) {
+        struct td_libload *l = lib->loads;
+        lib->loads = l->next;
+        module_release(l->mod);
+        if (l->ctx->alive)
+            td_ctx_wait_idle(l->ctx, false);
+        free(l);
+    }
+    td_live_add(TESTDRV_LIBRARY, -1, 0);
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    TD_COUNT(cuLibraryGetKernel);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pKernel || !name)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_obj *o;
+    if ((rc = td_obj_get(library, TD_OBJ_LIBRARY, &o)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_library *lib = (struct td_library *)o;
+    struct td_kernel *k;
+    for (k = lib->kernels; k; k = k->next)
+        if (strcmp(k->name, name) == 0)
+            break;
+    if (!k) {
+        k = td_xcalloc(1, sizeof *k);
+        td_obj_register(&k->h, TD_OBJ_KERNEL, NULL);
+        k->lib = lib;
+        k->name = xstrdup(name);
+        k->next = lib->kernels;
+        lib->kernels = k;
+    }
+    *pKernel = (CUkernel)k;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
+{
+    TD_COUNT(cuLibraryGetModule);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pMod)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_obj *o;
+    struct td_ctx *c;
+    if ((rc = td_obj_get(library, TD_OBJ_LIBRARY, &o)) != CUDA_SUCCESS ||
+        (rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *pMod = (CUmodule)library_module((struct td_library *)o, c);
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* The function of kernel k in the current context (loads its library
+ * there). Lock held. */
+static CUresult kernel_function(struct td_kernel *k, struct td_function **out)
+{
+    struct td_ctx *c;
+    CUresult rc = td_cur_ctx_usable(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *out = module_function(library_module(k->lib, c), k->name);
+    return CUDA_SUCCESS;
+}
+
+TD_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    TD_COUNT(cuKernelGetFunction);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pFunc)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_obj *o;
+    struct td_function *f;
+    if ((rc = td_obj_get(kernel, TD_OBJ_KERNEL, &o)) != CUDA_SUCCESS ||
+        (rc = kernel_function((struct td_kernel *)o, &f)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    *pFunc = (CUfunction)f;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ */
+/* cuLaunchKernel                                                      */
+
+/* Resolves what cuLaunchKernel got: a CUfunction, or a CUkernel (loaded
+ * into the current context). Lock held. */
+static CUresult launch_function(CUfunction h, struct td_function **out)
+{
+    if (!h)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct td_obj *o;
+    if (td_obj_find(h, TD_OBJ_KERNEL)) {
+        CUresult rc = td_obj_get(h, TD_OBJ_KERNEL, &o);
+        return rc != CUDA_SUCCESS ? rc : kernel_function((struct td_kernel *)o, out);
+    }
+    CUresult rc = td_obj_get(h, TD_OBJ_FUNCTION, &o);
+    if (rc == CUDA_SUCCESS)
+        *out = (struct td_function *)o;
+    return rc;
+}
+
+static CUresult launch_kernel(CUfunction h, unsigned gx, unsigned gy, unsigned gz,
+                              unsigned bx, unsigned by, unsigned bz, CUstream hs, bool ptsz)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_function *f;
+    if ((rc = launch_function(h, &f)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct td_op *op = td_op_new(TD_OP_KERNEL);
+    op->u.kernel.usec = LAUNCH_USEC;
+    return td_leave(td_launch_op(hs, ptsz, f->h.ctx, op));
+}
+
+TD_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                  unsigned int gridDimZ, unsigned int blockDimX,
+                                  unsigned int blockDimY, unsigned int blockDimZ,
+                                  unsigned int sharedMemBytes, CUstream hStream,
+                                  void **kernelParams, void **extra)
+{
+    TD_COUNT(cuLaunchKernel);
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         hStream, false);
+}
+
+TD_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                       unsigned int gridDimZ, unsigned int blockDimX,
+                                       unsigned int blockDimY, unsigned int blockDimZ,
+                                       unsigned int sharedMemBytes, CUstream hStream,
+                                       void **kernelParams, void **extra)
+{
+    TD_COUNT(cuLaunchKernel_ptsz);
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         hStream, true);
+}

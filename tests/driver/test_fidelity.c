@@ -1,0 +1,1035 @@
+/* test_fidelity.c - shows that the test driver reproduces the behaviour of
+ * the real CUDA driver that cudefer depends on (DESIGN.md sections 1, 2).
+ *
+ * Each test runs in its own process (Criterion), so each starts with a
+ * fresh driver. No shim is loaded here. Timing thresholds are generous
+ * (the kernels that matter run for 0.2 - 1 s). */
+#include <criterion/criterion.h>
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "testdriver.h"
+
+#define MS 1000000ull      /* ns per ms */
+#define KERNEL_1S 1000000u /* us */
+#define MIB ((size_t)1 << 20)
+
+#define CU_OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* cuInit and a new context, current on the calling thread. */
+static CUcontext ctx_setup(void)
+{
+    CUcontext c;
+    CU_OK(cuInit(0));
+    CU_OK(cuCtxCreate(&c, NULL, 0, 0));
+    return c;
+}
+
+static CUstream stream_new(unsigned flags)
+{
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, flags));
+    return s;
+}
+
+static CUevent event_new(void)
+{
+    CUevent e;
+    CU_OK(cuEventCreate(&e, CU_EVENT_DEFAULT));
+    return e;
+}
+
+/* A thread that waits for *go, sleeps delay_ms, then launches one short
+ * kernel in ctx and records how long the launch call took. */
+struct launcher {
+    CUcontext ctx;
+    atomic_int go;
+    unsigned delay_ms;
+    bool use_cu_launch; /* cuLaunchKernel instead of testdrv_launch */
+    CUfunction fn;
+    CUresult rc;
+    uint64_t launch_ns;
+    uint64_t blocked_ns;
+    pthread_t thread;
+};
+
+static void *launcher_main(void *arg)
+{
+    struct launcher *l = arg;
+    CUstream s;
+    cuCtxSetCurrent(l->ctx);
+    cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    while (!atomic_load(&l->go))
+        sleep_ms(1);
+    sleep_ms(l->delay_ms);
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    uint64_t t0 = now_ns();
+    if (l->use_cu_launch)
+        l->rc = cuLaunchKernel(l->fn, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+    else
+        l->rc = testdrv_launch(s, 10, 0, 0, TESTDRV_NONE);
+    l->launch_ns = now_ns() - t0;
+    l->blocked_ns = testdrv_thread_blocked_ns() - b0;
+    return NULL;
+}
+
+static void launcher_start(struct launcher *l, CUcontext ctx, unsigned delay_ms)
+{
+    memset(l, 0, sizeof *l);
+    l->ctx = ctx;
+    l->delay_ms = delay_ms;
+    cr_assert_eq(pthread_create(&l->thread, NULL, launcher_main, l), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. Waiting releases block the caller and stall other launches       */
+
+enum release_kind {
+    REL_DEVICE, REL_MANAGED, REL_HOST, REL_UNREGISTER, REL_ARRAY, REL_MODULE,
+};
+
+struct resource {
+    CUdeviceptr dptr;
+    void *host;
+    CUarray array;
+    CUmodule module;
+};
+
+static void resource_make(enum release_kind k, struct resource *r)
+{
+    static const char image[] = "not a cubin";
+    CUDA_ARRAY_DESCRIPTOR d = { .Width = 256, .Height = 256,
+                                .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1 };
+    switch (k) {
+    case REL_DEVICE: CU_OK(cuMemAlloc(&r->dptr, MIB)); break;
+    case REL_MANAGED: CU_OK(cuMemAllocManaged(&r->dptr, MIB, CU_MEM_ATTACH_GLOBAL)); break;
+    case REL_HOST: CU_OK(cuMemAllocHost(&r->host, MIB)); break;
+    case REL_UNREGISTER:
+        r->host = malloc(MIB);
+        CU_OK(cuMemHostRegister(r->host, MIB, 0));
+        break;
+    case REL_ARRAY: CU_OK(cuArrayCreate(&r->array, &d)); break;
+    case REL_MODULE: CU_OK(cuModuleLoadData(&r->module, image)); break;
+    }
+}
+
+static CUresult resource_release(enum release_kind k, struct resource *r)
+{
+    switch (k) {
+    case REL_DEVICE:
+    case REL_MANAGED: return cuMemFree(r->dptr);
+    case REL_HOST: return cuMemFreeHost(r->host);
+    case REL_UNREGISTER: return cuMemHostUnregister(r->host);
+    case REL_ARRAY: return cuArrayDestroy(r->array);
+    case REL_MODULE: return cuModuleUnload(r->module);
+    }
+    return CUDA_ERROR_UNKNOWN;
+}
+
+/* A release made while a 1 s kernel runs on another non-blocking stream
+ * blocks the caller ~1 s; another thread's launch made meanwhile stalls
+ * (stalls == true) or goes through at once. */
+static void check_waiting_release(enum release_kind k, bool stalls)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    struct resource r = { 0 };
+    resource_make(k, &r);
+    struct launcher l;
+    launcher_start(&l, ctx, 100);
+
+    CU_OK(testdrv_launch(a, KERNEL_1S, 0, 0, TESTDRV_NONE));
+    uint64_t calls0 = testdrv_thread_wait_calls();
+    uint64_t b0 = testdrv_thread_blocked_ns(), t0 = now_ns();
+    atomic_store(&l.go, 1);
+    CU_OK(resource_release(k, &r));
+    uint64_t wall = now_ns() - t0, blocked = testdrv_thread_blocked_ns() - b0;
+    pthread_join(l.thread, NULL);
+
+    cr_assert_geq(blocked, 800 * MS, "caller blocked only %llu ms", (unsigned long long)(blocked / MS));
+    cr_assert_geq(wall, 800 * MS);
+    cr_assert_eq(testdrv_thread_wait_calls(), calls0 + 1);
+    cr_assert_eq(l.rc, CUDA_SUCCESS);
+    if (stalls) {
+        cr_assert_geq(l.launch_ns, 600 * MS, "other launch stalled only %llu ms",
+                      (unsigned long long)(l.launch_ns / MS));
+        cr_assert_geq(l.blocked_ns, 600 * MS);
+    } else {
+        cr_assert_eq(l.blocked_ns, 0, "other launch stalled %llu ms",
+                     (unsigned long long)(l.launch_ns / MS));
+    }
+    if (r.host && k == REL_UNREGISTER)
+        free(r.host);
+}
+
+Test(release, mem_free_device_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_DEVICE, true);
+}
+
+Test(release, mem_free_managed_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_MANAGED, true);
+}
+
+Test(release, mem_free_host_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_HOST, true);
+}
+
+Test(release, host_unregister_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_UNREGISTER, true);
+}
+
+Test(release, array_destroy_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_ARRAY, true);
+}
+
+Test(release, module_unload_blocks_but_does_not_stall, .timeout = 10)
+{
+    check_waiting_release(REL_MODULE, false);
+}
+
+/* cuLaunchKernel (not only the hook) stalls behind a waiting release;
+ * allocations and stream-ordered frees do not wait. */
+Test(release, cu_launch_kernel_stalls_allocations_do_not_wait, .timeout = 10)
+{
+    static const char image[] = "not a cubin";
+    CUcontext ctx = ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    CUmodule mod;
+    CUfunction fn;
+    CUdeviceptr p, q;
+    void *h;
+    CU_OK(cuModuleLoadData(&mod, image));
+    CU_OK(cuModuleGetFunction(&fn, mod, "k"));
+    CU_OK(cuMemAlloc(&p, MIB));
+    CU_OK(cuMemAlloc(&q, 16));
+    CU_OK(cuMemFreeAsync(q, a)); /* pays the one-time set-up */
+    CU_OK(testdrv_launch(a, 500000, 0, 0, TESTDRV_NONE));
+
+    uint64_t b0 = testdrv_thread_blocked_ns(), w0 = testdrv_thread_wait_calls();
+    CUdeviceptr m;
+    CU_OK(cuMemAlloc(&q, MIB));
+    CU_OK(cuMemAllocHost(&h, MIB));
+    CU_OK(cuMemAllocManaged(&m, MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemFreeAsync(q, a));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "allocations do not wait");
+    cr_assert_eq(testdrv_thread_wait_calls(), w0);
+
+    struct launcher l;
+    launcher_start(&l, ctx, 50);
+    l.use_cu_launch = true;
+    l.fn = fn;
+    atomic_store(&l.go, 1);
+    CU_OK(cuMemFree(p));
+    pthread_join(l.thread, NULL);
+    cr_assert_eq(l.rc, CUDA_SUCCESS);
+    cr_assert_geq(l.launch_ns, 300 * MS);
+    cr_assert_geq(testdrv_calls("cuLaunchKernel"), 1);
+}
+
+/* cuLibraryUnload waits only once one of its kernels was loaded into a
+ * context. */
+Test(release, library_unload_waits_only_when_loaded, .timeout = 10)
+{
+    static const char image[] = "not a cubin";
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    CUlibrary lazy, used;
+    CUkernel k;
+    CUfunction f;
+    CU_OK(cuLibraryLoadData(&lazy, image, NULL, NULL, 0, NULL, NULL, 0));
+    CU_OK(cuLibraryLoadData(&used, image, NULL, NULL, 0, NULL, NULL, 0));
+    CU_OK(cuLibraryGetKernel(&k, used, "k"));
+    CU_OK(cuKernelGetFunction(&f, k));
+    CU_OK(testdrv_launch(a, 400000, 0, 0, TESTDRV_NONE));
+
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuLibraryUnload(lazy));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "never loaded: no wait");
+    uint64_t t0 = now_ns();
+    CU_OK(cuLibraryUnload(used));
+    cr_assert_geq(now_ns() - t0, 300 * MS);
+    cr_assert_eq(cuLibraryUnload(used), CUDA_ERROR_INVALID_HANDLE);
+}
+
+/* ------------------------------------------------------------------ */
+/* 2. The hazard: an unfenced cuMemFreeAsync under a running kernel     */
+
+Test(hazard, unfenced_free_async_faults, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING), b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr buf, warm;
+    CU_OK(cuMemAlloc(&warm, 16));
+    CU_OK(cuMemFreeAsync(warm, b)); /* pays the one-time set-up */
+    CU_OK(cuMemAlloc(&buf, MIB));
+    CU_OK(testdrv_launch(a, 200000, buf, MIB, TESTDRV_WRITE));
+    sleep_ms(10);
+
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuMemFreeAsync(buf, b));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "cuMemFreeAsync must return at once");
+
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_assert_gt(testdrv_faults(), 0);
+    /* The error is sticky. */
+    CUdeviceptr p;
+    cr_assert_eq(cuMemAlloc(&p, 16), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_assert_eq(cuStreamSynchronize(b), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+/* The first cuMemFreeAsync of non-pool memory costs ~10 ms once. */
+Test(hazard, first_free_async_pays_set_up_once, .timeout = 10)
+{
+    ctx_setup();
+    CUstream b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p1, p2;
+    CU_OK(cuMemAlloc(&p1, 16));
+    CU_OK(cuMemAlloc(&p2, 16));
+    uint64_t b0 = testdrv_thread_blocked_ns(), t0 = now_ns();
+    CU_OK(cuMemFreeAsync(p1, b));
+    cr_assert_geq(now_ns() - t0, 9 * MS);
+    uint64_t b1 = testdrv_thread_blocked_ns();
+    cr_assert_geq(b1 - b0, 9 * MS);
+    CU_OK(cuMemFreeAsync(p2, b));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b1, "paid once");
+}
+
+/* The memory stops being live when the free's stream reaches it, not
+ * when other streams are done. */
+Test(hazard, free_async_unmaps_when_its_stream_reaches_it, .timeout = 10)
+{
+    ctx_setup();
+    CUstream b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, MIB));
+    CU_OK(testdrv_launch(b, 150000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuMemFreeAsync(buf, b));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1, "still live while b has not reached it");
+    CU_OK(cuStreamSynchronize(b));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(testdrv_faults(), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* 3. The context-event fence                                          */
+
+Test(fence, ctx_record_event_fence_avoids_the_fault, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING), b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new();
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, MIB));
+    CU_OK(testdrv_launch(a, 200000, buf, MIB, TESTDRV_WRITE));
+
+    CUdeviceptr warm;
+    CU_OK(cuMemAlloc(&warm, 16));
+    CU_OK(cuMemFreeAsync(warm, b)); /* pays the one-time set-up */
+    uint64_t b0 = testdrv_thread_blocked_ns(), t0 = now_ns();
+    CU_OK(cuCtxRecordEvent(ctx, ev));
+    CU_OK(cuStreamWaitEvent(b, ev, 0));
+    CU_OK(cuMemFreeAsync(buf, b));
+    cr_assert_lt(now_ns() - t0, 50 * MS);
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "the fence never blocks the caller");
+    cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(testdrv_faults(), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(testdrv_pending_free_bytes(), 0);
+}
+
+/* The context event covers the legacy and per-thread default streams
+ * too, and adds no dependency between the program's streams. */
+Test(fence, ctx_record_event_covers_every_stream_kind, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream priv = stream_new(CU_STREAM_NON_BLOCKING), c = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new(), done = event_new();
+    CUdeviceptr b1, b2;
+    CU_OK(cuMemAlloc(&b1, MIB));
+    CU_OK(cuMemAlloc(&b2, MIB));
+    CU_OK(testdrv_launch(CU_STREAM_LEGACY, 200000, b1, MIB, TESTDRV_WRITE));
+    CU_OK(testdrv_launch(CU_STREAM_PER_THREAD, 200000, b2, MIB, TESTDRV_WRITE));
+    CU_OK(cuCtxRecordEvent(ctx, ev));
+    CU_OK(cuStreamWaitEvent(priv, ev, 0));
+    CU_OK(cuMemFreeAsync(b1, priv));
+    CU_OK(cuMemFreeAsync(b2, priv));
+
+    /* A later short kernel on another stream does not wait for the fence
+     * nor for the kernels it covers. */
+    CU_OK(testdrv_launch(c, 10, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(done, c));
+    CU_OK(cuEventSynchronize(done));
+    cr_assert_eq(cuStreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(testdrv_faults(), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* 4. Legacy-stream events                                             */
+
+Test(legacy, legacy_record_serialises_blocking_streams, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_DEFAULT), b = stream_new(CU_STREAM_DEFAULT);
+    CUevent leg = event_new(), a_end = event_new(), b_end = event_new();
+
+    /* Without the legacy record, B's short kernel finishes long before
+     * A's. */
+    float ms = -1;
+    CU_OK(testdrv_launch(a, 300000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(a_end, a));
+    CU_OK(testdrv_launch(b, 1000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(b_end, b));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuEventElapsedTime(&ms, b_end, a_end));
+    cr_assert_geq(ms, 100.0f, "B waited for A without a legacy record");
+
+    /* With it, B's kernel waits for A's. */
+    uint64_t t0 = now_ns();
+    CU_OK(testdrv_launch(a, 400000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(a_end, a));
+    CU_OK(cuEventRecord(leg, CU_STREAM_LEGACY));
+    CU_OK(testdrv_launch(b, 1000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(b_end, b));
+    CU_OK(cuEventSynchronize(b_end));
+    cr_assert_geq(now_ns() - t0, 350 * MS);
+    CU_OK(cuEventElapsedTime(&ms, a_end, b_end));
+    cr_assert_geq(ms, 0.0f, "B finished %f ms before A", (double)-ms);
+}
+
+/* A per-thread default stream is blocking-type: it syncs with legacy. */
+Test(legacy, per_thread_stream_syncs_with_legacy, .timeout = 10)
+{
+    ctx_setup();
+    CUevent done = event_new();
+    CU_OK(testdrv_launch(CU_STREAM_LEGACY, 300000, 0, 0, TESTDRV_NONE));
+    uint64_t t0 = now_ns();
+    CU_OK(testdrv_launch(CU_STREAM_PER_THREAD, 10, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(done, CU_STREAM_PER_THREAD));
+    CU_OK(cuEventSynchronize(done));
+    cr_assert_geq(now_ns() - t0, 250 * MS);
+}
+
+Test(legacy, legacy_record_does_not_fence_non_blocking_streams, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING), b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent leg = event_new();
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, MIB));
+    CU_OK(testdrv_launch(a, 200000, buf, MIB, TESTDRV_WRITE));
+    CU_OK(cuEventRecord(leg, CU_STREAM_LEGACY));
+    CU_OK(cuStreamWaitEvent(b, leg, 0));
+    CU_OK(cuMemFreeAsync(buf, b));
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_assert_gt(testdrv_faults(), 0);
+}
+
+Test(legacy, free_async_on_legacy_stream_faults_non_blocking_writer, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, MIB));
+    CU_OK(testdrv_launch(a, 200000, buf, MIB, TESTDRV_WRITE));
+    CU_OK(cuMemFreeAsync(buf, CU_STREAM_LEGACY));
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_assert_gt(testdrv_faults(), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* 5. cuGetProcAddress_v2                                              */
+
+static void *driver_handle(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "%s", dlerror());
+    return h;
+}
+
+/* Resolves name at version with flags; checks the result and status. */
+static void *proc(const char *name, int version, cuuint64_t flags)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = 99;
+    CU_OK(cuGetProcAddress_v2(name, &fn, version, flags, &st));
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    cr_assert_not_null(fn);
+    return fn;
+}
+
+Test(procaddr, versions_and_per_thread_variants, .timeout = 10)
+{
+    void *h = driver_handle();
+    const cuuint64_t pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    cr_assert_eq(proc("cuMemFree", 2000, 0), dlsym(h, "cuMemFree"));
+    cr_assert_eq(proc("cuMemFree", 3020, 0), dlsym(h, "cuMemFree_v2"));
+    cr_assert_eq(proc("cuMemFree", 13000, 0), dlsym(h, "cuMemFree_v2"));
+    cr_assert_neq(dlsym(h, "cuMemFree"), dlsym(h, "cuMemFree_v2"));
+    cr_assert_eq(proc("cuCtxSynchronize", 12080, 0), dlsym(h, "cuCtxSynchronize"));
+    cr_assert_eq(proc("cuCtxSynchronize", 13000, 0), dlsym(h, "cuCtxSynchronize_v2"));
+    cr_assert_eq(proc("cuGetProcAddress", 11030, 0), dlsym(h, "cuGetProcAddress"));
+    cr_assert_eq(proc("cuGetProcAddress", 12000, 0), dlsym(h, "cuGetProcAddress_v2"));
+    cr_assert_eq(proc("cuStreamSynchronize", 12000, 0), dlsym(h, "cuStreamSynchronize"));
+    cr_assert_eq(proc("cuStreamSynchronize", 12000, pt), dlsym(h, "cuStreamSynchronize_ptsz"));
+    cr_assert_eq(proc("cuStreamSynchronize", 6000, pt), dlsym(h, "cuStreamSynchronize"));
+    cr_assert_eq(proc("cuStreamBeginCapture", 10000, pt), dlsym(h, "cuStreamBeginCapture_ptsz"));
+    cr_assert_eq(proc("cuStreamBeginCapture", 12000, pt), dlsym(h, "cuStreamBeginCapture_v2_ptsz"));
+    cr_assert_eq(proc("cuStreamBeginCapture", 12000, 0), dlsym(h, "cuStreamBeginCapture_v2"));
+    cr_assert_eq(proc("cuMemcpyHtoD", 12000, pt), dlsym(h, "cuMemcpyHtoD_v2_ptds"));
+    cr_assert_eq(proc("cuMemFree", 12000, pt), dlsym(h, "cuMemFree_v2"), "no per-thread variant");
+    cr_assert_eq(proc("cuCtxRecordEvent", 12050, 0), dlsym(h, "cuCtxRecordEvent"));
+
+    /* A NULL status pointer is fine; v1 works too. */
+    void *fn = NULL;
+    CU_OK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, NULL));
+    cr_assert_eq(fn, dlsym(h, "cuMemAlloc_v2"));
+    CUresult (*v1)(const char *, void **, int, cuuint64_t) =
+        (CUresult (*)(const char *, void **, int, cuuint64_t))dlsym(h, "cuGetProcAddress");
+    CU_OK(v1("cuMemAlloc", &fn, 2000, 0));
+    cr_assert_eq(fn, dlsym(h, "cuMemAlloc"));
+}
+
+Test(procaddr, not_found_and_version_not_sufficient, .timeout = 10)
+{
+    void *fn = (void *)1;
+    CUdriverProcAddressQueryResult st;
+    cr_assert_eq(cuGetProcAddress_v2("cuNoSuchCall", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    cr_assert_null(fn);
+    cr_assert_eq(cuGetProcAddress_v2("cuMemFree_v2", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND,
+                 "only base names resolve");
+    cr_assert_eq(cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    cr_assert_eq(cuGetProcAddress_v2("cuMemFree", &fn, 13000, 4, &st), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuGetProcAddress_v2("cuMemFree", NULL, 13000, 0, &st), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* Resolved pointers are the real entry points: calls through them are
+ * counted under their exact ELF names; the 32-bit cuMemAlloc allocates
+ * below 4 GiB and its cuMemFree takes that pointer back. */
+Test(procaddr, resolved_pointers_call_the_exact_variant, .timeout = 10)
+{
+    ctx_setup();
+    /* CUdeviceptr_v1 is a 32-bit unsigned int. */
+    CUresult (*alloc_v1)(unsigned *, unsigned) = (CUresult (*)(unsigned *, unsigned))
+        proc("cuMemAlloc", 2000, 0);
+    CUresult (*free_v1)(unsigned) = (CUresult (*)(unsigned))proc("cuMemFree", 2000, 0);
+    uint64_t n = testdrv_calls("cuMemFree"), n2 = testdrv_calls("cuMemFree_v2");
+    unsigned p = 0;
+    CU_OK(alloc_v1(&p, 4096));
+    cr_assert_neq(p, 0);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1);
+    CU_OK(free_v1(p));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(testdrv_calls("cuMemFree"), n + 1);
+    cr_assert_eq(testdrv_calls("cuMemFree_v2"), n2);
+}
+
+/* Below 12.5 cuCtxRecordEvent does not exist for cuGetProcAddress and
+ * answers CUDA_ERROR_NOT_SUPPORTED, though dlsym still finds it. */
+Test(procaddr, old_driver_has_no_ctx_record_event, .timeout = 10)
+{
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    int v = 0;
+    CU_OK(cuDriverGetVersion(&v));
+    cr_assert_eq(v, 12040);
+    void *fn;
+    CUdriverProcAddressQueryResult st;
+    cr_assert_eq(cuGetProcAddress_v2("cuCtxRecordEvent", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    cr_assert_eq(proc("cuCtxSynchronize", 13000, 0), dlsym(driver_handle(), "cuCtxSynchronize"),
+                 "a 12.4 driver has no cuCtxSynchronize_v2");
+    cr_assert_not_null(dlsym(driver_handle(), "cuCtxRecordEvent"));
+    CUcontext ctx = ctx_setup();
+    CUevent ev = event_new();
+    cr_assert_eq(cuCtxRecordEvent(ctx, ev), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+/* ------------------------------------------------------------------ */
+/* 6. Freed memory comes back only after a covering host sync          */
+
+Test(pending, free_async_memory_needs_a_host_sync, .timeout = 10)
+{
+    ctx_setup();
+    testdrv_set_device_capacity(64 * MIB);
+    CUstream b = stream_new(CU_STREAM_NON_BLOCKING), other = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new();
+    CUdeviceptr p1, p2, q;
+    CU_OK(cuMemAlloc(&p1, 32 * MIB));
+    CU_OK(cuMemAlloc(&p2, 32 * MIB));
+    cr_assert_eq(cuMemAlloc(&q, MIB), CUDA_ERROR_OUT_OF_MEMORY);
+
+    CU_OK(cuMemFreeAsync(p1, b));
+    CU_OK(cuEventRecord(ev, b));
+    CUresult rc;
+    while ((rc = cuEventQuery(ev)) == CUDA_ERROR_NOT_READY)
+        sleep_ms(1);
+    cr_assert_eq(rc, CUDA_SUCCESS);
+    cr_assert_eq(testdrv_pending_free_bytes(), 32 * MIB);
+    cr_assert_eq(cuMemAlloc(&q, 16 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    size_t free_b, total_b;
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 0);
+
+    /* A sync of an unrelated stream does not cover it. */
+    CU_OK(cuStreamSynchronize(other));
+    cr_assert_eq(cuMemAlloc(&q, 16 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+
+    CU_OK(cuStreamSynchronize(b));
+    cr_assert_eq(testdrv_pending_free_bytes(), 0);
+    CU_OK(cuMemAlloc(&q, 16 * MIB));
+
+    /* cuEventSynchronize on an event after the free covers it too. */
+    CU_OK(cuMemFreeAsync(p2, b));
+    CU_OK(cuEventRecord(ev, b));
+    CU_OK(cuEventSynchronize(ev));
+    CU_OK(cuMemAlloc(&q, 32 * MIB));
+}
+
+Test(pending, host_capacity, .timeout = 10)
+{
+    ctx_setup();
+    testdrv_set_host_capacity(4 * MIB);
+    void *h1, *h2;
+    char *reg = malloc(2 * MIB);
+    CU_OK(cuMemAllocHost(&h1, 3 * MIB));
+    cr_assert_eq(cuMemHostAlloc(&h2, 2 * MIB, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    cr_assert_eq(cuMemHostRegister(reg, 2 * MIB, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cuMemFreeHost(h1));
+    CU_OK(cuMemHostRegister(reg, 2 * MIB, 0));
+    CU_OK(cuMemHostAlloc(&h2, 2 * MIB, CU_MEMHOSTALLOC_DEVICEMAP));
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_HOST), 2 * MIB);
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_REGISTERED), 2 * MIB);
+    CU_OK(cuMemHostUnregister(reg));
+    free(reg);
+}
+
+Test(pending, pool_memory_and_release_threshold, .timeout = 10)
+{
+    ctx_setup();
+    testdrv_set_device_capacity(64 * MIB);
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUmemoryPool pool;
+    CU_OK(cuDeviceGetDefaultMemPool(&pool, 0));
+    cuuint64_t max = UINT64_MAX, v;
+    CU_OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+    CUdeviceptr p, q;
+    CU_OK(cuMemAllocAsync(&p, 48 * MIB, s));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1);
+    CU_OK(cuMemFreeAsync(p, s));
+    CU_OK(cuStreamSynchronize(s));
+    /* Kept by the pool: reusable by the pool, not by cuMemAlloc. */
+    CU_OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v));
+    cr_assert_eq(v, 48 * MIB);
+    cr_assert_eq(cuMemAlloc(&q, 32 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cuMemAllocAsync(&q, 32 * MIB, s));
+    CU_OK(cuMemFreeAsync(q, s));
+    CU_OK(cuStreamSynchronize(s));
+    CU_OK(cuMemPoolTrimTo(pool, 0));
+    CU_OK(cuMemAlloc(&q, 32 * MIB));
+}
+
+/* ------------------------------------------------------------------ */
+/* 7. Capture                                                          */
+
+Test(capture, ctx_record_event_invalidates, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new();
+    CUgraph g = (CUgraph)1;
+    CUstreamCaptureStatus st;
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    cr_assert_eq(cuCtxRecordEvent(ctx, ev), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CU_OK(cuStreamIsCapturing(s, &st));
+    cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cr_assert_null(g);
+    cr_assert_eq(testdrv_invalidated_captures(), 1);
+}
+
+/* Another thread of the program (ctx current there) that synchronises a
+ * stream and frees memory while a capture is live; relaxed: it first
+ * switches itself to CU_STREAM_CAPTURE_MODE_RELAXED. */
+struct on_thread {
+    CUcontext ctx;
+    bool relaxed;
+    CUstream stream;
+    CUdeviceptr ptr;
+    CUresult sync_rc, free_rc;
+};
+
+static void *capture_neighbour(void *arg)
+{
+    struct on_thread *t = arg;
+    cuCtxSetCurrent(t->ctx);
+    if (t->relaxed) {
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+        cuThreadExchangeStreamCaptureMode(&m);
+    }
+    t->sync_rc = cuStreamSynchronize(t->stream);
+    t->free_rc = cuMemFree(t->ptr);
+    return NULL;
+}
+
+static void run_neighbour(struct on_thread *t)
+{
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, capture_neighbour, t), 0);
+    pthread_join(th, NULL);
+}
+
+Test(capture, global_mode_thread_sync_invalidates, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    struct on_thread t = { .ctx = ctx, .stream = stream_new(CU_STREAM_NON_BLOCKING) };
+    CU_OK(cuMemAlloc(&t.ptr, MIB));
+    CUgraph g;
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_OK(testdrv_launch(s, 500000, 0, 0, TESTDRV_NONE));
+    run_neighbour(&t);
+    cr_assert_eq(t.sync_rc, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_assert_eq(t.free_rc, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1, "the refused free freed nothing");
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cr_assert_geq(testdrv_invalidated_captures(), 1);
+}
+
+Test(capture, relaxed_mode_thread_sync_is_allowed, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    struct on_thread t = { .ctx = ctx, .relaxed = true, .stream = stream_new(CU_STREAM_NON_BLOCKING) };
+    CU_OK(cuMemAlloc(&t.ptr, MIB));
+    CUgraph g = NULL;
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    /* Captured work does not run: this 5 s kernel costs nothing. */
+    CU_OK(testdrv_launch(s, 5000000, 0, 0, TESTDRV_NONE));
+    run_neighbour(&t);
+    cr_assert_eq(t.sync_rc, CUDA_SUCCESS);
+    cr_assert_eq(t.free_rc, CUDA_SUCCESS);
+    CU_OK(cuStreamEndCapture(s, &g));
+    cr_assert_not_null(g);
+    cr_assert_eq(testdrv_invalidated_captures(), 0);
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuStreamSynchronize(s));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "nothing captured ran");
+    CU_OK(cuGraphDestroy(g));
+}
+
+/* An operation on the legacy stream while a blocking stream captures. */
+Test(capture, legacy_stream_op_invalidates_blocking_capture, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_DEFAULT);
+    CUevent ev = event_new();
+    CUstreamCaptureStatus st;
+    CUgraph g;
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    cr_assert_eq(cuStreamIsCapturing(CU_STREAM_LEGACY, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    cr_assert_eq(cuEventRecord(ev, CU_STREAM_LEGACY), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    CU_OK(cuStreamIsCapturing(s, &st));
+    cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cr_assert_eq(cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+/* ------------------------------------------------------------------ */
+/* 8. Context teardown                                                 */
+
+Test(teardown, ctx_destroy_frees_owned_not_pool_or_vmm, .timeout = 10)
+{
+    static const char image[] = "not a cubin";
+    CUcontext ctx = ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new();
+    CUdeviceptr dev, man, pooled;
+    void *host, *reg = malloc(MIB);
+    CUarray arr;
+    CUmodule mod;
+    CUmemGenericAllocationHandle vmm;
+    CUDA_ARRAY_DESCRIPTOR d = { .Width = 64, .Height = 64,
+                                .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 4 };
+    CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                 .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 } };
+    CU_OK(cuMemAlloc(&dev, MIB));
+    CU_OK(cuMemAllocManaged(&man, MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemAllocHost(&host, MIB));
+    CU_OK(cuMemHostRegister(reg, MIB, 0));
+    CU_OK(cuArrayCreate(&arr, &d));
+    CU_OK(cuModuleLoadData(&mod, image));
+    CU_OK(cuMemAllocAsync(&pooled, 2 * MIB, s));
+    CU_OK(cuMemCreate(&vmm, 2 * MIB, &prop, 0));
+    CU_OK(testdrv_launch(s, 200000, dev, MIB, TESTDRV_WRITE));
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_DEVICE), 3 * MIB);
+
+    uint64_t t0 = now_ns();
+    CU_OK(cuCtxDestroy(ctx));
+    cr_assert_geq(now_ns() - t0, 150 * MS, "teardown waits for the streams");
+    cr_assert_eq(testdrv_faults(), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1, "only the pool allocation survives");
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_DEVICE), 2 * MIB);
+    cr_assert_eq(testdrv_live(TESTDRV_MANAGED), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_REGISTERED), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_ARRAY), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_MODULE), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_STREAM), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_EVENT), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_CONTEXT), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_VMM), 1);
+
+    /* Later calls naming the dead context or its objects are counted. */
+    CUcontext cur = (CUcontext)1;
+    CU_OK(cuCtxGetCurrent(&cur));
+    cr_assert_null(cur, "the destroyed context was popped");
+    uint64_t dead = testdrv_dead_context_calls();
+    cr_assert_eq(cuCtxPushCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuCtxSynchronize_v2(ctx), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext ctx2;
+    CU_OK(cuCtxCreate(&ctx2, NULL, 0, 0));
+    cr_assert_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuMemFree(dev), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemFreeHost(host), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(testdrv_dead_context_calls(), dead + 6);
+
+    /* Pool and VMM memory are still the program's to release. */
+    CUstream s2 = stream_new(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuMemFreeAsync(pooled, s2));
+    CU_OK(cuStreamSynchronize(s2));
+    CU_OK(cuMemRelease(vmm));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_VMM), 0);
+    free(reg);
+}
+
+Test(teardown, primary_context_last_release_and_reset, .timeout = 10)
+{
+    CUcontext p1, p2;
+    CUdeviceptr dev;
+    CU_OK(cuInit(0));
+    CU_OK(cuDevicePrimaryCtxRetain(&p1, 0));
+    CU_OK(cuCtxSetCurrent(p1));
+    CU_OK(cuMemAlloc(&dev, MIB));
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuDevicePrimaryCtxRelease(0));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(testdrv_live(TESTDRV_STREAM), 0);
+    uint64_t dead = testdrv_dead_context_calls();
+    CUdeviceptr q;
+    cr_assert_eq(cuMemAlloc(&q, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED, "current but inactive");
+    cr_assert_eq(testdrv_dead_context_calls(), dead + 1);
+
+    CU_OK(cuDevicePrimaryCtxRetain(&p2, 0));
+    cr_assert_eq(p1, p2, "the primary context keeps its handle");
+    cr_assert_eq(cuStreamQuery(s), CUDA_ERROR_INVALID_CONTEXT, "objects of the old activation are dead");
+    CU_OK(cuMemAlloc(&q, 16));
+    CU_OK(cuDevicePrimaryCtxReset(0));
+    int active = 1;
+    unsigned flags;
+    CU_OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    cr_assert_eq(active, 0);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* 9. The deadlock case                                                */
+
+static volatile int spin_flag;
+
+/* Stands for the program thread that would set the flag the kernel
+ * waits for. */
+static void *set_flag_later(void *arg)
+{
+    (void)arg;
+    sleep_ms(300);
+    spin_flag = 1;
+    return NULL;
+}
+
+Test(deadlock, waiting_release_blocks_until_spin_kernel_is_released, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, MIB));
+    spin_flag = 0;
+    CU_OK(testdrv_launch_spin(a, &spin_flag));
+    sleep_ms(20);
+    cr_assert_eq(cuStreamQuery(a), CUDA_ERROR_NOT_READY, "the kernel spins");
+
+    pthread_t timer;
+    cr_assert_eq(pthread_create(&timer, NULL, set_flag_later, NULL), 0);
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuMemFree(buf));
+    cr_assert_eq(spin_flag, 1, "cuMemFree returned before the kernel was released");
+    cr_assert_geq(testdrv_thread_blocked_ns() - b0, 250 * MS);
+    pthread_join(timer, NULL);
+    CU_OK(cuStreamSynchronize(a));
+}
+
+/* ------------------------------------------------------------------ */
+/* 10. Error codes                                                     */
+
+Test(errors, before_init_and_without_context, .timeout = 10)
+{
+    CUdeviceptr p;
+    CUcontext c;
+    int v;
+    const char *name;
+    cr_assert_eq(cuMemAlloc(&p, 16), CUDA_ERROR_NOT_INITIALIZED);
+    cr_assert_eq(cuCtxGetCurrent(&c), CUDA_ERROR_NOT_INITIALIZED);
+    CU_OK(cuDriverGetVersion(&v));
+    cr_assert_eq(v, 13000);
+    CU_OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &name));
+    cr_assert_str_eq(name, "CUDA_ERROR_OUT_OF_MEMORY");
+    cr_assert_eq(cuGetErrorName((CUresult)12345, &name), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuGetExportTable((const void **)&name, NULL), CUDA_ERROR_NOT_SUPPORTED);
+
+    CU_OK(cuInit(0));
+    cr_assert_eq(cuMemAlloc(&p, 16), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuMemFree(0x10000), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuCtxGetCurrent(NULL), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(errors, mem_free_codes, .timeout = 10)
+{
+    ctx_setup();
+    CUdeviceptr p, m;
+    void *h;
+    int on_stack = 0;
+    void *heap = malloc(64);
+    cr_assert_eq(cuMemAlloc(NULL, 16), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemAlloc(&p, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFree(0));
+    cr_assert_eq(cuMemFree(0x1234), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemAlloc(&p, 4096));
+    cr_assert_eq(cuMemFree(p + 16), CUDA_ERROR_INVALID_VALUE, "not an allocation base");
+    CU_OK(cuMemFree(p));
+    cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "double free");
+    cr_assert_eq(cuMemFree((CUdeviceptr)(uintptr_t)&on_stack), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemFree((CUdeviceptr)(uintptr_t)heap), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemAllocHost(&h, 4096));
+    cr_assert_eq(cuMemFree((CUdeviceptr)(uintptr_t)h), CUDA_ERROR_INVALID_VALUE, "pinned host");
+    cr_assert_eq(cuMemFreeHost(heap), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFreeHost(h));
+    cr_assert_eq(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    cr_assert_eq(cuMemFreeAsync(m, CU_STREAM_LEGACY), CUDA_ERROR_NOT_SUPPORTED);
+    ((char *)(uintptr_t)m)[0] = 1; /* managed memory is host memory */
+    CU_OK(cuMemFree(m));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE) + testdrv_live(TESTDRV_MANAGED), 0);
+    free(heap);
+}
+
+Test(errors, registration_codes, .timeout = 10)
+{
+    ctx_setup();
+    char *buf = malloc(16 * 4096);
+    CU_OK(cuMemHostRegister(buf, 8 * 4096, 0));
+    cr_assert_eq(cuMemHostRegister(buf + 4096, 4096, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    cr_assert_eq(cuMemHostRegister(buf + 7 * 4096, 4 * 4096, 0),
+                 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CU_OK(cuMemHostRegister(buf + 8 * 4096, 4096, 0));
+    cr_assert_eq(cuMemHostUnregister(buf + 4096), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CU_OK(cuMemHostUnregister(buf));
+    cr_assert_eq(cuMemHostUnregister(buf), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CU_OK(cuMemHostUnregister(buf + 8 * 4096));
+    cr_assert_eq(cuMemHostRegister(NULL, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+    free(buf);
+}
+
+Test(errors, handle_codes, .timeout = 10)
+{
+    static const char image[] = "not a cubin";
+    ctx_setup();
+    CUstream s = stream_new(0);
+    CUevent e = event_new();
+    CUarray a;
+    CUmodule m;
+    CUlibrary l;
+    CUDA_ARRAY_DESCRIPTOR d = { .Width = 16, .Height = 0,
+                                .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1 };
+    CU_OK(cuArrayCreate(&a, &d));
+    CU_OK(cuModuleLoadData(&m, image));
+    CU_OK(cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0));
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_ARRAY), 16 * 4);
+
+    cr_assert_eq(cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuEventDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuArrayDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuModuleUnload(NULL), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuLibraryUnload(NULL), CUDA_ERROR_INVALID_HANDLE);
+    CU_OK(cuStreamDestroy(s));
+    CU_OK(cuEventDestroy(e));
+    CU_OK(cuArrayDestroy(a));
+    CU_OK(cuModuleUnload(m));
+    CU_OK(cuLibraryUnload(l));
+    cr_assert_eq(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuEventDestroy(e), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuLibraryUnload(l), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuStreamDestroy((CUstream)&d), CUDA_ERROR_INVALID_HANDLE, "never a handle");
+
+    cr_assert_eq(cuStreamCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuEventCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuModuleLoadData(&m, NULL), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuArrayCreate(NULL, &d), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(testdrv_live(TESTDRV_STREAM) + testdrv_live(TESTDRV_EVENT) +
+                 testdrv_live(TESTDRV_ARRAY) + testdrv_live(TESTDRV_MODULE) +
+                 testdrv_live(TESTDRV_LIBRARY), 0);
+}
+
+/* Destroying a stream with queued work returns at once; the work runs. */
+Test(errors, stream_destroy_lets_queued_work_finish, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new();
+    CU_OK(testdrv_launch(s, 200000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(ev, s));
+    uint64_t t0 = now_ns(), b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuStreamDestroy(s));
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0);
+    cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    CU_OK(cuEventSynchronize(ev));
+    cr_assert_geq(now_ns() - t0, 150 * MS);
+}
