@@ -44,17 +44,24 @@ static CUresult release_library(const struct cd_record *r)
 /* cuCtxDestroy frees what the context owns: device, pinned and managed
  * memory, arrays and modules. Registrations are undone and libraries
  * (which outlive contexts) unloaded for real before the teardown. */
+/* Device memory goes back through the driver's stream-ordered free, not
+ * the queue. Registered memory is the program's own: after the unregister
+ * it may be unmapped and the address mapped again to other pages, so a
+ * registration is never revived. */
 static const struct cd_backend backends[CD_KIND_COUNT] = {
-    [CD_DEVICE] = {"device", CD_OPT_DEVICE, CUDA_ERROR_INVALID_VALUE, true, release_device},
-    [CD_MANAGED] = {"managed", CD_OPT_MANAGED, CUDA_ERROR_INVALID_VALUE, true, release_device},
-    [CD_HOST] = {"host", CD_OPT_HOST, CUDA_ERROR_INVALID_VALUE, true, release_host},
+    [CD_DEVICE] = {"device", CD_OPT_DEVICE, CUDA_ERROR_INVALID_VALUE, true, false,
+                   release_device},
+    [CD_MANAGED] = {"managed", CD_OPT_MANAGED, CUDA_ERROR_INVALID_VALUE, true, true,
+                    release_device},
+    [CD_HOST] = {"host", CD_OPT_HOST, CUDA_ERROR_INVALID_VALUE, true, true, release_host},
     [CD_REGISTERED] = {"registered", CD_OPT_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-                       false, release_registered},
-    [CD_ARRAY] = {"array", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true, release_array},
-    [CD_MIPMAPPED] = {"mipmapped", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true,
+                       false, false, release_registered},
+    [CD_ARRAY] = {"array", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true, false, release_array},
+    [CD_MIPMAPPED] = {"mipmapped", CD_OPT_ARRAY, CUDA_ERROR_INVALID_HANDLE, true, false,
                       release_mipmapped},
-    [CD_MODULE] = {"module", CD_OPT_MODULE, CUDA_ERROR_INVALID_HANDLE, true, release_module},
-    [CD_LIBRARY] = {"library", CD_OPT_LIBRARY, CUDA_ERROR_INVALID_HANDLE, false,
+    [CD_MODULE] = {"module", CD_OPT_MODULE, CUDA_ERROR_INVALID_HANDLE, true, false,
+                   release_module},
+    [CD_LIBRARY] = {"library", CD_OPT_LIBRARY, CUDA_ERROR_INVALID_HANDLE, false, false,
                     release_library},
 };
 

@@ -19,6 +19,10 @@ struct cd_backend {
     CUresult double_release;
     /* Destroying the context frees it, so teardown drops the entry. */
     bool freed_by_context;
+    /* Once its fence has passed, a released one may serve a later
+     * allocation of the same size and flags: only driver-owned memory that
+     * no kernel can still use. */
+    bool reusable;
     /* Really releases the object. May wait for the GPU. */
     CUresult (*release)(const struct cd_record *r);
 };

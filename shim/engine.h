@@ -53,8 +53,17 @@ void cd_alloc_begin(void);
  * and returns true: the caller retries once and returns the retry's result. */
 bool cd_alloc_failed(CUresult rc, const char *call);
 
-/* Records a successful allocation so that its release can be deferred. */
-void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes);
+/* Records a successful allocation so that its release can be deferred.
+ * flags are the allocating call's flags (CD_FLAGS_ALLOC_HOST for
+ * cuMemAllocHost, whose memory is not told apart by flags). */
+void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags);
+#define CD_FLAGS_ALLOC_HOST 0x80000000u
+
+/* Serves an allocation of kind, bytes and flags with a block the program
+ * released earlier in the current context whose fence has passed: no kernel
+ * submitted before its release can still use it. Returns true and the block
+ * in *key, or false (the caller allocates from the driver). Does not wait. */
+bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key);
 
 /* Before cuMemHostRegister of [ptr, ptr + bytes): releases queued
  * unregisters that overlap it (may wait for the GPU), so the registration

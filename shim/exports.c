@@ -150,7 +150,7 @@ EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     CUresult rc;
     ALLOC_CALL(rc, dptr, bytesize);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, bytesize);
+        cd_track(CD_DEVICE, *dptr, bytesize, 0);
     return rc;
 }
 
@@ -161,7 +161,7 @@ EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUresult rc;
     ALLOC_CALL(rc, dptr, bytesize);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, bytesize);
+        cd_track(CD_DEVICE, *dptr, bytesize, 0);
     return rc;
 }
 
@@ -174,7 +174,7 @@ EXPORT CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPit
     CUresult rc;
     ALLOC_CALL(rc, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, (size_t)*pPitch * Height);
+        cd_track(CD_DEVICE, *dptr, (size_t)*pPitch * Height, 0);
     return rc;
 }
 
@@ -186,7 +186,7 @@ EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
     CUresult rc;
     ALLOC_CALL(rc, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, *pPitch * Height);
+        cd_track(CD_DEVICE, *dptr, *pPitch * Height, 0);
     return rc;
 }
 
@@ -195,9 +195,14 @@ EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
 {
     ENTER(cuMemAllocManaged);
     CUresult rc;
+    uintptr_t again;
+    if (dptr && cd_reuse(CD_MANAGED, bytesize, flags, &again)) {
+        *dptr = (CUdeviceptr)again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, dptr, bytesize, flags);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_MANAGED, *dptr, bytesize);
+        cd_track(CD_MANAGED, *dptr, bytesize, flags);
     return rc;
 }
 
@@ -206,9 +211,14 @@ EXPORT CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
 {
     ENTER(cuMemAllocHost);
     CUresult rc;
+    uintptr_t again;
+    if (pp && cd_reuse(CD_HOST, bytesize, CD_FLAGS_ALLOC_HOST, &again)) {
+        *pp = (void *)again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, pp, bytesize);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize);
+        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, CD_FLAGS_ALLOC_HOST);
     return rc;
 }
 
@@ -217,9 +227,14 @@ EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
     ENTER(cuMemAllocHost_v2);
     CUresult rc;
+    uintptr_t again;
+    if (pp && cd_reuse(CD_HOST, bytesize, CD_FLAGS_ALLOC_HOST, &again)) {
+        *pp = (void *)again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, pp, bytesize);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize);
+        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, CD_FLAGS_ALLOC_HOST);
     return rc;
 }
 
@@ -228,9 +243,14 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int 
 {
     ENTER(cuMemHostAlloc);
     CUresult rc;
+    uintptr_t again;
+    if (pp && cd_reuse(CD_HOST, bytesize, Flags, &again)) {
+        *pp = (void *)again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, pp, bytesize, Flags);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize);
+        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, Flags);
     return rc;
 }
 
@@ -243,7 +263,7 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int 
     if (cd_register_failed(rc))                                             \
         rc = real(p, bytesize, Flags);                                      \
     if (rc == CUDA_SUCCESS)                                                 \
-        cd_track(CD_REGISTERED, (uintptr_t)p, bytesize);                    \
+        cd_track(CD_REGISTERED, (uintptr_t)p, bytesize, Flags);                    \
     return rc
 
 DECLARE_REAL(cuMemHostRegister);
@@ -340,7 +360,7 @@ EXPORT CUresult CUDAAPI cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
     ALLOC_CALL(rc, pHandle, desc);
     if (rc == CUDA_SUCCESS)
         cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels));
+                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), 0);
     return rc;
 }
 
@@ -352,7 +372,7 @@ EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESC
     ALLOC_CALL(rc, pHandle, desc);
     if (rc == CUDA_SUCCESS)
         cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels));
+                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), 0);
     return rc;
 }
 
@@ -365,7 +385,7 @@ EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DES
     if (rc == CUDA_SUCCESS)
         cd_track(CD_ARRAY, (uintptr_t)*pHandle,
                  array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels));
+                             desc->NumChannels), 0);
     return rc;
 }
 
@@ -378,7 +398,7 @@ EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_
     if (rc == CUDA_SUCCESS)
         cd_track(CD_ARRAY, (uintptr_t)*pHandle,
                  array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels));
+                             desc->NumChannels), 0);
     return rc;
 }
 
@@ -394,7 +414,7 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     if (rc == CUDA_SUCCESS)
         cd_track(CD_MIPMAPPED, (uintptr_t)*pHandle,
                  array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels) / 3 * 4);
+                             desc->NumChannels) / 3 * 4, 0);
     return rc;
 }
 
@@ -407,7 +427,7 @@ EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
     CUresult rc;
     ALLOC_CALL(rc, module, fname);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0);
+        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
     return rc;
 }
 
@@ -418,7 +438,7 @@ EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
     CUresult rc;
     ALLOC_CALL(rc, module, image);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0);
+        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
     return rc;
 }
 
@@ -431,7 +451,7 @@ EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
     CUresult rc;
     ALLOC_CALL(rc, module, image, numOptions, options, optionValues);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0);
+        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
     return rc;
 }
 
@@ -442,7 +462,7 @@ EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatC
     CUresult rc;
     ALLOC_CALL(rc, module, fatCubin);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0);
+        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
     return rc;
 }
 
@@ -459,7 +479,7 @@ EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
     ALLOC_CALL(rc, library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                libraryOptionValues, numLibraryOptions);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_LIBRARY, (uintptr_t)*library, 0);
+        cd_track(CD_LIBRARY, (uintptr_t)*library, 0, 0);
     return rc;
 }
 
@@ -476,7 +496,7 @@ EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fi
     ALLOC_CALL(rc, library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                libraryOptions, libraryOptionValues, numLibraryOptions);
     if (rc == CUDA_SUCCESS)
-        cd_track(CD_LIBRARY, (uintptr_t)*library, 0);
+        cd_track(CD_LIBRARY, (uintptr_t)*library, 0, 0);
     return rc;
 }
 

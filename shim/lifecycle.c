@@ -642,7 +642,7 @@ bool cd_alloc_failed(CUresult rc, const char *call)
     return true;
 }
 
-void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes)
+void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags)
 {
     if (!enabled() || !key)
         return;
@@ -657,8 +657,58 @@ void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes)
     r->kind = kind;
     r->key = key;
     r->bytes = bytes;
+    r->flags = flags;
     r->ctx = cs;
     cd_registry_insert(r);
+}
+
+/* Candidates looked at per allocation: the queue is scanned newest first,
+ * where a loop's last release is. */
+#define REUSE_SCAN 64
+
+static bool reusable(const struct cd_record *r, enum cd_kind kind, size_t bytes,
+                     unsigned flags, const struct cd_driver_ops *ops)
+{
+    return r->kind == kind && r->bytes == bytes && r->flags == flags && r->done &&
+           ops->event_query(r->done) == CUDA_SUCCESS;
+}
+
+bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
+{
+    if (!enabled() || !cd_backend(kind)->reusable || !cd_option_bool(cd_backend(kind)->option))
+        return false;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_ctx *cs = ops ? cd_ctx_current() : NULL;
+    if (!cs || atomic_load(&cs->deferred_entries) == 0)
+        return false;
+    /* Taken whole, like a flush: a flush meanwhile finds the rest later. */
+    struct cd_record *list = atomic_exchange_explicit(&cs->deferred, NULL, memory_order_acquire);
+    struct cd_record **link = &list, *hit = NULL;
+    for (int n = 0; *link && n < REUSE_SCAN; n++, link = &(*link)->queue_next) {
+        if (reusable(*link, kind, bytes, flags, ops)) {
+            hit = *link;
+            *link = hit->queue_next;
+            break;
+        }
+    }
+    /* Back in the same order: list is newest first, and so is the stack. */
+    struct cd_record *rev = NULL;
+    while (list) {
+        struct cd_record *next = list->queue_next;
+        list->queue_next = rev;
+        rev = list;
+        list = next;
+    }
+    push_all(&cs->deferred, rev);
+    if (!hit)
+        return false;
+    account_deferred(cs, hit, -1);
+    cd_ctx_event_put(cs, hit->done);
+    hit->done = NULL;
+    cd_registry_unretire(hit);
+    atomic_fetch_add(&cd_stats.reused[kind], 1);
+    *key = hit->key;
+    return true;
 }
 
 void cd_before_register(void *ptr, size_t bytes)

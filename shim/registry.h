@@ -22,6 +22,7 @@ struct cd_record {
     struct cd_record *queue_next; /* deferred or in-flight list */
     uintptr_t key;                /* address or handle */
     size_t bytes;
+    unsigned flags;               /* the allocating call's flags */
     struct cd_ctx *ctx;           /* the context it was allocated in */
     CUevent done;                 /* fence (deferred) or free (device) done */
     enum cd_kind kind;

@@ -692,3 +692,69 @@ Test(threads, sixteen_threads_release_concurrently, .timeout = 60)
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
+
+/* ---- reuse of released blocks -------------------------------------------- */
+
+/* A released block is handed out again only once no kernel submitted before
+ * its release can still run, and only for the same size and flags. */
+static void reuse_after_fence(enum what what)
+{
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    const char *call = what == MANAGED ? "cuMemAllocManaged" : "cuMemAllocHost_v2";
+    struct object first = make(what);
+    uintptr_t addr = what == MANAGED ? (uintptr_t)first.dptr : (uintptr_t)first.host;
+    CU_OK(testdrv_launch(s, 100000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE));
+    CU_OK(release(&first));
+
+    /* The kernel still runs: the block is not handed out. */
+    uint64_t calls = testdrv_calls(call);
+    struct object second = make(what);
+    uintptr_t addr2 = what == MANAGED ? (uintptr_t)second.dptr : (uintptr_t)second.host;
+    cr_expect_neq(addr2, addr, "a block was reused while a kernel could still write it");
+    cr_expect_eq(testdrv_calls(call), calls + 1);
+
+    CU_OK(cuStreamSynchronize(s));
+    calls = testdrv_calls(call);
+    struct object third = make(what);
+    uintptr_t addr3 = what == MANAGED ? (uintptr_t)third.dptr : (uintptr_t)third.host;
+    cr_expect_eq(addr3, addr, "the fenced block was not reused");
+    cr_expect_eq(testdrv_calls(call), calls, "reuse must not call the driver");
+    /* It is the program's again: a second release is not a double free. */
+    cr_expect_eq(release(&third), CUDA_SUCCESS);
+    cr_expect_eq(release(&second), CUDA_SUCCESS);
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(what == MANAGED ? TESTDRV_MANAGED : TESTDRV_HOST), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(reuse, pinned_host_after_its_fence, .timeout = 10) { reuse_after_fence(HOST); }
+Test(reuse, managed_after_its_fence, .timeout = 10) { reuse_after_fence(MANAGED); }
+
+Test(reuse, only_same_size_and_flags, .timeout = 10)
+{
+    test_context();
+    void *a, *b, *c;
+    CU_OK(cuMemHostAlloc(&a, 8192, CU_MEMHOSTALLOC_DEVICEMAP));
+    CU_OK(cuMemFreeHost(a));
+    CU_OK(cuMemHostAlloc(&b, 8192, CU_MEMHOSTALLOC_PORTABLE));
+    cr_expect_neq(b, a, "reused across flags");
+    CU_OK(cuMemAllocHost(&c, 8192));
+    cr_expect_neq(c, a, "cuMemAllocHost got cuMemHostAlloc memory");
+    CU_OK(cuMemHostAlloc(&c, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    cr_expect_neq(c, a, "reused across sizes");
+    CU_OK(cuMemHostAlloc(&c, 8192, CU_MEMHOSTALLOC_DEVICEMAP));
+    cr_expect_eq(c, a, "same size and flags: reused");
+}
+
+Test(reuse, off_with_the_kind, .timeout = 10)
+{
+    setenv("CUDEFER_HOST", "0", 1);
+    test_context();
+    void *a, *b;
+    CU_OK(cuMemAllocHost(&a, 4096));
+    CU_OK(cuMemFreeHost(a));
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "released by the driver at once");
+    CU_OK(cuMemAllocHost(&b, 4096));
+    CU_OK(cuMemFreeHost(b));
+}
