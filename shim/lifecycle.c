@@ -707,6 +707,7 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
     hit->done = NULL;
     cd_registry_unretire(hit);
     atomic_fetch_add(&cd_stats.reused[kind], 1);
+    cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_backend(kind)->name, (unsigned long)hit->key);
     *key = hit->key;
     return true;
 }

@@ -109,6 +109,8 @@ static void *launch_meanwhile(void *arg)
     cuCtxSetCurrent(l->ctx);
     while (!atomic_load(&l->go))
         ;
+    /* Well inside a release that waits for the 1 s kernel. */
+    usleep(50000);
     uint64_t before = testdrv_thread_blocked_ns();
     testdrv_launch(l->stream, 10, 0, 0, TESTDRV_NONE);
     l->blocked_ns = testdrv_thread_blocked_ns() - before;
@@ -389,7 +391,8 @@ static void host_oom_retry(bool host_alloc)
     CU_OK(cuMemFreeHost(h));
     const char *name = host_alloc ? "cuMemHostAlloc" : "cuMemAllocHost_v2";
     uint64_t before = testdrv_calls(name);
-    CUresult rc = host_alloc ? cuMemHostAlloc(&h, 48 << 20, 0) : cuMemAllocHost(&h, 48 << 20);
+    /* Another size, so that the queued block cannot simply be reused. */
+    CUresult rc = host_alloc ? cuMemHostAlloc(&h, 40 << 20, 0) : cuMemAllocHost(&h, 40 << 20);
     cr_expect_eq(rc, CUDA_SUCCESS);
     cr_expect_eq(testdrv_calls(name), before + 2);
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 1);
@@ -715,6 +718,8 @@ static void reuse_after_fence(enum what what)
     cr_expect_eq(testdrv_calls(call), calls + 1);
 
     CU_OK(cuStreamSynchronize(s));
+    /* The fence event follows on the shim's own stream a moment later. */
+    usleep(50000);
     calls = testdrv_calls(call);
     struct object third = make(what);
     uintptr_t addr3 = what == MANAGED ? (uintptr_t)third.dptr : (uintptr_t)third.host;
@@ -737,6 +742,7 @@ Test(reuse, only_same_size_and_flags, .timeout = 10)
     void *a, *b, *c;
     CU_OK(cuMemHostAlloc(&a, 8192, CU_MEMHOSTALLOC_DEVICEMAP));
     CU_OK(cuMemFreeHost(a));
+    usleep(50000); /* its fence passes on the shim's own stream */
     CU_OK(cuMemHostAlloc(&b, 8192, CU_MEMHOSTALLOC_PORTABLE));
     cr_expect_neq(b, a, "reused across flags");
     CU_OK(cuMemAllocHost(&c, 8192));
