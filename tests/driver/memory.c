@@ -472,24 +472,35 @@ TD_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flag
 /* ------------------------------------------------------------------ */
 /* Waiting releases                                                    */
 
-/* Front of a waiting release: counts the wait call, a usable current
- * context, the capture rules. */
+/* Front of a waiting release by pointer: counts the wait call, then the
+ * current context - none is fine (measured on an H200: cuMemFree with no
+ * current context frees the memory and returns CUDA_SUCCESS; the pointer
+ * names its context), a destroyed or sticky one is not - then the capture
+ * rules. *c is NULL when no context is current. */
 static CUresult release_front(struct td_ctx **c)
 {
     td_note_wait_call();
+    *c = NULL;
     CUresult rc = td_cur_ctx_usable(c);
-    if (rc != CUDA_SUCCESS)
+    if (rc == CUDA_ERROR_INVALID_CONTEXT)
+        *c = NULL;
+    else if (rc != CUDA_SUCCESS)
         return rc;
     return td_capture_check_unsafe();
 }
 
-/* Second half of a waiting release of a validated allocation: waits for
- * its context (or cur) with the launch lock held, then releases it. */
+/* Second half of a waiting release of a validated allocation: the sticky
+ * error of its context, else waits for that context (or cur, for pool
+ * memory whose context is gone) with the launch lock held, then releases
+ * it. */
 static CUresult release_wait_and_free(struct td_alloc *a, struct td_ctx *cur)
 {
     struct td_ctx *wctx = a->ctx && a->ctx->alive ? a->ctx : cur;
+    if (wctx && wctx->sticky != CUDA_SUCCESS)
+        return wctx->sticky;
     a->busy = true;
-    td_ctx_wait_idle(wctx, true);
+    if (wctx)
+        td_ctx_wait_idle(wctx, true);
     if (a->torn) {
         free(a);
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
@@ -501,7 +512,8 @@ static CUresult release_wait_and_free(struct td_alloc *a, struct td_ctx *cur)
     return CUDA_SUCCESS;
 }
 
-/* cuMemFree*: device, pool or managed memory, by its base address. */
+/* cuMemFree*: device, pool or managed memory, by its base address; no
+ * current context needed (see release_front). */
 static CUresult mem_free(uintptr_t p)
 {
     CUresult rc = td_enter();
@@ -533,7 +545,8 @@ TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
     return mem_free((uintptr_t)dptr);
 }
 
-/* cuMemFreeHost: memory from cuMemAllocHost / cuMemHostAlloc only. */
+/* cuMemFreeHost: memory from cuMemAllocHost / cuMemHostAlloc only; no
+ * current context needed (a guess by analogy with cuMemFree). */
 TD_EXPORT CUresult cuMemFreeHost(void *p)
 {
     TD_COUNT(cuMemFreeHost);
@@ -551,7 +564,8 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
     return td_leave(release_wait_and_free(a, c));
 }
 
-/* cuMemHostUnregister: p must be the base of a registration. */
+/* cuMemHostUnregister: p must be the base of a registration; no current
+ * context needed (a guess by analogy with cuMemFree). */
 TD_EXPORT CUresult cuMemHostUnregister(void *p)
 {
     TD_COUNT(cuMemHostUnregister);

@@ -7,9 +7,11 @@
  *  - cuModuleLoad* waits for every stream of the context while holding
  *    its launch lock, like cuMemFree (a load, but it stalls too);
  *  - cuModuleUnload waits for every stream but holds no launch lock;
- *  - cuLibraryUnload waits like cuModuleUnload for each context the
- *    library was loaded into (cuLibraryGetModule, cuKernelGetFunction or
- *    a launch of one of its kernels), and returns at once otherwise.
+ *  - cuLibraryUnload waits for every stream of each context the library
+ *    was loaded into (cuLibraryGetModule, cuKernelGetFunction or a launch
+ *    of one of its kernels) and holds the launch lock meanwhile (measured:
+ *    bench/RESULTS.md, 2026-11-29, a launch on another thread blocked
+ *    945 ms); it returns at once if the library was never loaded.
  * Libraries are context-independent: a context teardown drops only their
  * load into that context. */
 #include "internal.h"
@@ -225,7 +227,8 @@ TD_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
 }
 
 /* cuLibraryUnload: waits for the streams of every live context the
- * library was loaded into (no launch lock); immediate if none. */
+ * library was loaded into, holding each one's launch lock meanwhile;
+ * immediate if none. */
 TD_EXPORT CUresult cuLibraryUnload(CUlibrary library)
 {
     TD_COUNT(cuLibraryUnload);
@@ -245,7 +248,7 @@ TD_EXPORT CUresult cuLibraryUnload(CUlibrary library)
         lib->loads = l->next;
         module_release(l->mod);
         if (l->ctx->alive)
-            td_ctx_wait_idle(l->ctx, false);
+            td_ctx_wait_idle(l->ctx, true);
         free(l);
     }
     td_live_add(TESTDRV_LIBRARY, -1, 0);

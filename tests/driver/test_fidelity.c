@@ -108,7 +108,7 @@ static void launcher_start(struct launcher *l, CUcontext ctx, unsigned delay_ms)
 /* 1. Waiting releases block the caller and stall other launches       */
 
 enum release_kind {
-    REL_DEVICE, REL_MANAGED, REL_HOST, REL_UNREGISTER, REL_ARRAY, REL_MODULE,
+    REL_DEVICE, REL_MANAGED, REL_HOST, REL_UNREGISTER, REL_ARRAY, REL_MODULE, REL_LIBRARY,
 };
 
 struct resource {
@@ -116,6 +116,7 @@ struct resource {
     void *host;
     CUarray array;
     CUmodule module;
+    CUlibrary library;
 };
 
 static void resource_make(enum release_kind k, struct resource *r)
@@ -133,6 +134,14 @@ static void resource_make(enum release_kind k, struct resource *r)
         break;
     case REL_ARRAY: CU_OK(cuArrayCreate(&r->array, &d)); break;
     case REL_MODULE: CU_OK(cuModuleLoadData(&r->module, image)); break;
+    case REL_LIBRARY: {
+        CUkernel k;
+        CUfunction f;
+        CU_OK(cuLibraryLoadData(&r->library, image, NULL, NULL, 0, NULL, NULL, 0));
+        CU_OK(cuLibraryGetKernel(&k, r->library, "k"));
+        CU_OK(cuKernelGetFunction(&f, k)); /* loaded into the context */
+        break;
+    }
     }
 }
 
@@ -145,6 +154,7 @@ static CUresult resource_release(enum release_kind k, struct resource *r)
     case REL_UNREGISTER: return cuMemHostUnregister(r->host);
     case REL_ARRAY: return cuArrayDestroy(r->array);
     case REL_MODULE: return cuModuleUnload(r->module);
+    case REL_LIBRARY: return cuLibraryUnload(r->library);
     }
     return CUDA_ERROR_UNKNOWN;
 }
@@ -213,6 +223,13 @@ Test(release, array_destroy_blocks_and_stalls, .timeout = 10)
 Test(release, module_unload_blocks_but_does_not_stall, .timeout = 10)
 {
     check_waiting_release(REL_MODULE, false);
+}
+
+/* Measured (bench/RESULTS.md): the unload of a library with a kernel
+ * loaded stalls other launches too. */
+Test(release, loaded_library_unload_blocks_and_stalls, .timeout = 10)
+{
+    check_waiting_release(REL_LIBRARY, true);
 }
 
 /* cuLaunchKernel (not only the hook) stalls behind a waiting release;
@@ -924,9 +941,32 @@ Test(errors, before_init_and_without_context, .timeout = 10)
 
     CU_OK(cuInit(0));
     cr_assert_eq(cuMemAlloc(&p, 16), CUDA_ERROR_INVALID_CONTEXT);
-    cr_assert_eq(cuMemFree(0x10000), CUDA_ERROR_INVALID_CONTEXT);
     cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuStreamCreate(&(CUstream){ 0 }, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cuMemFree(0));
+    cr_assert_eq(cuMemFree(0x10000), CUDA_ERROR_INVALID_VALUE);
     cr_assert_eq(cuCtxGetCurrent(NULL), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* Measured on an H200: cuMemFree with no current context frees the
+ * memory (it waits for the memory's context, as with one). */
+Test(errors, release_without_current_context, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup(), popped;
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p;
+    void *h;
+    CU_OK(cuMemAlloc(&p, 4096));
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(testdrv_launch(a, 200000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(popped, ctx);
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuMemFree(p));
+    cr_assert_geq(testdrv_thread_blocked_ns() - b0, 150 * MS);
+    CU_OK(cuMemFreeHost(h));
+    cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE) + testdrv_live(TESTDRV_HOST), 0);
 }
 
 Test(errors, mem_free_codes, .timeout = 10)

@@ -28,9 +28,12 @@
  *    context (legacy and per-thread ones included) has finished the work
  *    queued before the call, holding the context's launch lock meanwhile:
  *    kernel launches (cuLaunchKernel*, testdrv_launch*) from any thread
- *    into that context stall until the call returns. cuModuleUnload and
- *    cuLibraryUnload (only if one of its kernels was loaded into a
- *    context) wait without the launch lock. Context teardown waits too.
+ *    into that context stall until the call returns. cuLibraryUnload does
+ *    the same once one of its kernels was loaded into a context (else it
+ *    returns at once); cuModuleUnload waits without the launch lock.
+ *    Context teardown waits too. cuMemFree*, cuMemFreeHost and
+ *    cuMemHostUnregister need no current context (measured for
+ *    cuMemFree): they wait for the context the memory belongs to.
  *    Allocations, stream-ordered calls, stream/event destruction, queries
  *    and cuMemCreate/cuMemRelease never wait.
  *  - Legacy stream: an op queued on it waits for the work already queued
