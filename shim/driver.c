@@ -9,23 +9,29 @@
 #include <sched.h>
 #include <stddef.h>
 
-typedef void *(*dlsym_fn)(void *, const char *);
+/* Called from the dlsym override before a sanitizer runtime has finished
+ * its own start (it looks its real functions up with dlsym): not
+ * instrumented. */
+__attribute__((no_sanitize_thread, no_sanitize_address)) cd_dlsym_fn cd_real_dlsym_fn(void)
+{
+    static _Atomic(cd_dlsym_fn) real;
+    cd_dlsym_fn fn = atomic_load_explicit(&real, memory_order_acquire);
+    if (fn)
+        return fn;
+    /* glibc 2.34 moved dlsym into libc under a new version; older ones
+     * only have the 2.2.5 one. */
+    fn = (cd_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!fn)
+        fn = (cd_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (fn)
+        atomic_store_explicit(&real, fn, memory_order_release);
+    return fn;
+}
 
 void *cd_real_dlsym(void *handle, const char *name)
 {
-    static _Atomic(dlsym_fn) real;
-    dlsym_fn fn = atomic_load_explicit(&real, memory_order_acquire);
-    if (!fn) {
-        /* glibc 2.34 moved dlsym into libc under a new version; older ones
-         * only have the 2.2.5 one. */
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (!fn)
-            fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        if (!fn)
-            return NULL;
-        atomic_store_explicit(&real, fn, memory_order_release);
-    }
-    return fn(handle, name);
+    cd_dlsym_fn fn = cd_real_dlsym_fn();
+    return fn ? fn(handle, name) : NULL;
 }
 
 static _Atomic(void *) driver;

@@ -12,7 +12,9 @@
 #include <stdbool.h>
 
 /* dlsym as glibc provides it (found with dlvsym, so the shim's own dlsym
- * override is never called by the shim). */
+ * override is never called by the shim), and a call of it. */
+typedef void *(*cd_dlsym_fn)(void *, const char *);
+cd_dlsym_fn cd_real_dlsym_fn(void);
 void *cd_real_dlsym(void *handle, const char *name);
 
 /* The real driver's handle, or NULL when it cannot be opened. Opens it on

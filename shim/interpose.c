@@ -7,6 +7,7 @@
 #include "options.h"
 
 #include <cuda.h>
+#include <dlfcn.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -51,7 +52,9 @@ int cd_missing(const char *name)
     return CUDA_ERROR_NOT_FOUND;
 }
 
-static const struct cd_wrapper *by_name(const char *name)
+/* On the dlsym override's path: not instrumented (see dlsym). */
+__attribute__((no_sanitize_thread, no_sanitize_address)) static const struct cd_wrapper *
+by_name(const char *name)
 {
     if (!name || name[0] != 'c' || name[1] != 'u')
         return NULL;
@@ -88,14 +91,12 @@ void *cd_substitute(void *fn, const char *asked, enum cd_door door)
  * plain answer, which also rules out recursion. No lock is held. */
 static _Thread_local int in_lookup;
 
-EXPORT void *dlsym(void *handle, const char *name)
+static void *lookup(void *handle, const char *name)
 {
     void *found = cd_real_dlsym(handle, name);
-    if (!found || in_lookup)
+    if (!found)
         return found;
     const struct cd_wrapper *w = by_name(name);
-    if (!w)
-        return found;
     in_lookup = 1;
     bool ours = cd_option_bool(CD_OPT_ENABLE) && cd_real_fn(w->real) == found;
     in_lookup = 0;
@@ -103,4 +104,21 @@ EXPORT void *dlsym(void *handle, const char *name)
         return found;
     handed_out(w, CD_DOOR_DLSYM, name);
     return w->fn;
+}
+
+/* glibc's dlsym finds RTLD_NEXT relative to its caller, which would be the
+ * shim for every lookup made through this override (sanitizer runtimes and
+ * other interposers look their real functions up that way). So every lookup
+ * that is not of a wrapped name goes to glibc's dlsym as a tail call, which
+ * keeps the program's return address: glibc sees the program's caller. Not
+ * instrumented by sanitizers, which would turn the tail call into a call. */
+EXPORT __attribute__((no_sanitize_thread, no_sanitize_address)) void *
+dlsym(void *handle, const char *name)
+{
+    cd_dlsym_fn real = cd_real_dlsym_fn();
+    /* The thread-local flag is read last: a sanitizer runtime that is
+     * still starting intercepts the thread-local access itself. */
+    if (handle == RTLD_NEXT || !by_name(name) || in_lookup)
+        return real(handle, name);
+    return lookup(handle, name);
 }
