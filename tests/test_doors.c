@@ -215,3 +215,13 @@ Test(doors, proc_address_edge_cases)
     cr_assert_eq(v1("cuMemFree", &fn, 3020, 0), CUDA_SUCCESS);
     cr_expect_eq(fn, dlsym(shim_handle(), "cuMemFree_v2"));
 }
+
+/* RTLD_NEXT is relative to the caller of dlsym, also through the override:
+ * from this program, the object after it is the preloaded shim. Were the
+ * lookup made from inside the shim, the answer would be glibc's dlsym. */
+Test(doors, rtld_next_is_relative_to_the_caller)
+{
+    void *next = dlsym(RTLD_NEXT, "dlsym");
+    cr_expect_eq(next, dlsym(shim_handle(), "dlsym"),
+                 "RTLD_NEXT was resolved from the shim, not from its caller");
+}
