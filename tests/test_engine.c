@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -763,4 +764,68 @@ Test(reuse, off_with_the_kind, .timeout = 10)
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "released by the driver at once");
     CU_OK(cuMemAllocHost(&b, 4096));
     CU_OK(cuMemFreeHost(b));
+}
+
+/* ---- a kernel fault while releases are queued ---------------------------- */
+
+Test(faults, sticky_error_drops_the_queue, .timeout = 10)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuCtxCreate(&ctx, NULL, 0, dev));
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(cuMemFreeHost(h)); /* queued */
+    CUdeviceptr buf, other;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(cuMemAlloc(&other, 4096));
+    /* The program's own bug: an unfenced stream-ordered free under a
+     * writer (cuMemFreeAsync is not the shim's). */
+    CUstream a = test_stream(CU_STREAM_NON_BLOCKING), b = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(testdrv_launch(a, 100000, buf, 1 << 20, TESTDRV_WRITE));
+    CU_OK(cuMemFreeAsync(buf, b));
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    /* The shim neither crashes nor hangs, and answers the driver's error. */
+    cr_expect_eq(cuMemFree(other), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_OK(cuCtxDestroy(ctx));
+    expect_nothing_left();
+}
+
+/* ---- statistics at exit -------------------------------------------------- */
+
+Test(stats, json_report_at_exit, .timeout = 10)
+{
+    char path[] = "/tmp/cudefer-report-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("CUDEFER_REPORT", path, 1);
+        test_context();
+        void *h;
+        CUdeviceptr d;
+        cuMemAllocHost(&h, 4096);
+        cuMemFreeHost(h);
+        cuMemAlloc(&d, 4096);
+        cuMemFree(d);
+        cuCtxSynchronize();
+        exit(0); /* the report is written on the way out */
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char text[4096] = {0};
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    unlink(path);
+    cr_assert_gt(n, 0, "no report written");
+    cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 1, \"managed\": 0, \"host\": 1"),
+                       "%s", text);
+    cr_expect_not_null(strstr(text, "\"sync\": 1"), "%s", text);
+    cr_expect_not_null(strstr(text, "\"peak_deferred_bytes\": 4096"), "%s", text);
 }
