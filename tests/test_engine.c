@@ -323,7 +323,9 @@ Test(flush, limit_releases_at_next_allocation, .timeout = 10)
         CU_OK(cuMemFreeHost(h[i]));
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 6);
     void *more;
-    CU_OK(cuMemAllocHost(&more, 4096));
+    /* Another size: a queued block whose fence has passed would serve the
+     * same size without the queue being released. */
+    CU_OK(cuMemAllocHost(&more, 8192));
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the over-limit queue was not released");
 }
 
