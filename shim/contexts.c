@@ -211,36 +211,67 @@ void cd_ctx_event_put(struct cd_ctx *cs, CUevent ev)
         cd_driver_ops()->event_destroy(ev);
 }
 
-/* Before 12.5: an event on each stream the program made, and the final
- * events of destroyed ones. Event records and waits do not wait. */
-static CUresult fence_streams(struct cd_ctx *cs, const struct cd_driver_ops *ops)
+bool cd_ctx_enter(struct cd_ctx *cs)
+{
+    atomic_fetch_add(&cs->users, 1);
+    if (atomic_load(&cs->state) == CD_CTX_READY)
+        return true;
+    atomic_fetch_sub(&cs->users, 1);
+    return false;
+}
+
+void cd_ctx_exit(struct cd_ctx *cs)
+{
+    atomic_fetch_sub(&cs->users, 1);
+}
+
+/* Before 12.5: an event on each stream the program made in c, and the
+ * final events of destroyed ones. Event records and waits do not wait. */
+static CUresult fence_streams(struct cd_ctx *cs, struct cd_ctx *c,
+                              const struct cd_driver_ops *ops)
 {
     CUresult rc = CUDA_SUCCESS;
-    pthread_mutex_lock(&cs->streams_lock);
-    for (size_t i = 0; i < cs->nstreams && rc == CUDA_SUCCESS; i++) {
-        rc = ops->event_record(cs->streams[i].event, cs->streams[i].stream);
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; i < c->nstreams && rc == CUDA_SUCCESS; i++) {
+        rc = ops->event_record(c->streams[i].event, c->streams[i].stream);
         if (rc == CUDA_SUCCESS)
-            rc = ops->stream_wait_event(cs->priv, cs->streams[i].event, 0);
+            rc = ops->stream_wait_event(cs->priv, c->streams[i].event, 0);
     }
-    for (size_t i = 0; i < cs->nfinals && rc == CUDA_SUCCESS; i++)
-        rc = ops->stream_wait_event(cs->priv, cs->finals[i], 0);
-    pthread_mutex_unlock(&cs->streams_lock);
+    for (size_t i = 0; i < c->nfinals && rc == CUDA_SUCCESS; i++)
+        rc = ops->stream_wait_event(cs->priv, c->finals[i], 0);
+    pthread_mutex_unlock(&c->streams_lock);
     return rc;
+}
+
+/* Makes cs's private stream wait for the work submitted so far in c. */
+static CUresult fence_one(struct cd_ctx *cs, struct cd_ctx *c, const struct cd_driver_ops *ops)
+{
+    if (!c->ctx_record)
+        return fence_streams(cs, c, ops);
+    CUresult rc = ops->ctx_record_event(atomic_load(&c->handle), c->fence);
+    return rc == CUDA_SUCCESS ? ops->stream_wait_event(cs->priv, c->fence, 0) : rc;
 }
 
 CUresult cd_ctx_fence(struct cd_ctx *cs, CUevent *done)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    CUresult rc;
-    if (cs->ctx_record) {
-        rc = ops->ctx_record_event(atomic_load(&cs->handle), cs->fence);
-        if (rc == CUDA_SUCCESS)
-            rc = ops->stream_wait_event(cs->priv, cs->fence, 0);
-    } else {
-        rc = fence_streams(cs, ops);
-    }
-    if (rc != CUDA_SUCCESS || !done)
+    CUresult rc = fence_one(cs, cs, ops);
+    if (rc != CUDA_SUCCESS)
         return rc;
+    /* Other contexts: an error there (a context that faulted runs nothing
+     * more) does not stop this release. */
+    for (int i = 0; i < CD_MAX_CONTEXTS; i++) {
+        struct cd_ctx *c = &cd_contexts[i];
+        if (c == cs || atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter(c))
+            continue;
+        CUresult other = fence_one(cs, c, ops);
+        cd_ctx_exit(c);
+        if (other != CUDA_SUCCESS)
+            cd_log(CD_LOG_DEBUG, "fence over context %p: error %d",
+                   (void *)atomic_load(&c->handle), (int)other);
+    }
+    if (!done)
+        return CUDA_SUCCESS;
     rc = cd_ctx_event_get(cs, done);
     if (rc != CUDA_SUCCESS)
         return rc;

@@ -20,6 +20,7 @@ enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_DEAD };
 struct cd_ctx {
     _Atomic(CUcontext) handle;
     _Atomic int state;
+    _Atomic int users;    /* short paths using its objects right now */
     CUdevice device;
     CUstream priv;        /* the shim's own stream: fences, frees */
     CUevent fence;        /* shared: a later record covers an earlier one */
@@ -63,8 +64,15 @@ struct cd_ctx *cd_ctx_get(CUcontext ctx);
 struct cd_ctx *cd_ctx_current(void);
 
 /* Makes the private stream wait for all work submitted so far in the
- * context, then records a spare event behind it in *done. Does not wait. */
+ * context and in every other context the shim knows (a kernel on another
+ * device may read the memory through peer access), then records a spare
+ * event behind it in *done. Does not wait. */
 CUresult cd_ctx_fence(struct cd_ctx *cs, CUevent *done);
+
+/* Announces a short use of cs's stream and events (microseconds, no GPU
+ * wait); false when cs is not ready. Teardown waits until no use is left. */
+bool cd_ctx_enter(struct cd_ctx *cs);
+void cd_ctx_exit(struct cd_ctx *cs);
 
 /* A spare event of the context (made if the pool is empty), and its return. */
 CUresult cd_ctx_event_get(struct cd_ctx *cs, CUevent *ev);

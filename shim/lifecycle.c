@@ -470,8 +470,7 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         break;
     }
     struct cd_ctx *cs = r->ctx;
-    if (!cd_option_bool(cd_backend(r->kind)->option) ||
-        atomic_load(&cs->state) != CD_CTX_READY) {
+    if (!cd_option_bool(cd_backend(r->kind)->option) || !cd_ctx_enter(cs)) {
         /* The driver's own call releases it; the record goes with it. */
         atomic_fetch_add(&cd_stats.passed[r->kind], 1);
         finish(r);
@@ -493,6 +492,7 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         if (is_sticky(frc)) {
             finish(r);
             drop_queue(cs, frc);
+            cd_ctx_exit(cs);
             *rc = frc;
             return true;
         }
@@ -500,6 +500,7 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
                cd_backend(r->kind)->name, (int)frc);
         atomic_fetch_add(&cd_stats.passed[r->kind], 1);
         cd_ctx_event_put(cs, r->done);
+        cd_ctx_exit(cs);
         finish(r);
         return false;
     }
@@ -507,6 +508,7 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_backend(r->kind)->name, (unsigned long)r->key,
            r->done || issued ? "" : " (capture live: fenced when it ends)");
     place(cs, r, issued);
+    cd_ctx_exit(cs);
     *rc = CUDA_SUCCESS;
     return true;
 }
@@ -796,12 +798,15 @@ void cd_context_teardown(CUcontext ctx)
     struct cd_ctx *cs = cd_ctx_find(ctx);
     if (!cs)
         return;
-    /* From here on the waiter leaves this context alone. */
+    /* From here on the waiter leaves this context alone, and so do the
+     * releases and fences under way once they finish (microseconds). */
     pthread_mutex_lock(&cs->lock);
     atomic_store(&cs->state, CD_CTX_DEAD);
     struct cd_record *waiting = cs->waiting;
     cs->waiting = NULL;
     pthread_mutex_unlock(&cs->lock);
+    while (atomic_load(&cs->users) != 0)
+        sched_yield();
     atomic_fetch_add(&cd_stats.flushes[CD_FLUSH_TEARDOWN], 1);
 
     struct cd_scope sc;

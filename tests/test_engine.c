@@ -257,6 +257,32 @@ Test(hazard, stream_destroyed_while_writing_pre_12_5, .timeout = 10)
     cr_expect_eq(testdrv_faults(), 0);
 }
 
+/* A kernel of another device's context reads the memory through peer
+ * access: the fence covers every context the shim knows. */
+Test(hazard, writer_in_another_context, .timeout = 10)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUdevice d0, d1;
+    CUcontext a, b;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&d0, 0));
+    CU_OK(cuDeviceGet(&d1, 1));
+    CU_OK(cuDevicePrimaryCtxRetain(&a, d0));
+    CU_OK(cuDevicePrimaryCtxRetain(&b, d1));
+    CU_OK(cuCtxSetCurrent(b));
+    CUstream sb = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxSetCurrent(a));
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(testdrv_launch(sb, 200000, buf, 1 << 20, TESTDRV_WRITE));
+    usleep(10000);
+    CU_OK(cuMemFree(buf));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "the free did not wait for the other context's kernel");
+}
+
 /* ---- the kernel that waits for the host ---------------------------------- */
 
 Test(hazard, kernel_waiting_for_the_releasing_thread_completes, .timeout = 10)
