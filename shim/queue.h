@@ -1,0 +1,43 @@
+/* queue.h - the lock-free lists of records: pushed one at a time by any
+ * thread, taken whole by whoever drains them. Taking the whole list (an
+ * exchange) rules out the ABA problem of popping single entries. */
+#ifndef CUDEFER_QUEUE_H
+#define CUDEFER_QUEUE_H
+
+#include "registry.h"
+
+#include <stdatomic.h>
+
+static inline void cd_push(_Atomic(struct cd_record *) *head, struct cd_record *r)
+{
+    struct cd_record *old = atomic_load_explicit(head, memory_order_relaxed);
+    do
+        r->queue_next = old;
+    while (!atomic_compare_exchange_weak_explicit(head, &old, r, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
+static inline void cd_push_all(_Atomic(struct cd_record *) *head, struct cd_record *list)
+{
+    while (list) {
+        struct cd_record *next = list->queue_next;
+        cd_push(head, list);
+        list = next;
+    }
+}
+
+/* Takes the whole list, oldest entry first. */
+static inline struct cd_record *cd_take_all(_Atomic(struct cd_record *) *head)
+{
+    struct cd_record *r = atomic_exchange_explicit(head, NULL, memory_order_acquire);
+    struct cd_record *fifo = NULL;
+    while (r) {
+        struct cd_record *next = r->queue_next;
+        r->queue_next = fifo;
+        fifo = r;
+        r = next;
+    }
+    return fifo;
+}
+
+#endif

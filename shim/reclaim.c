@@ -1,0 +1,182 @@
+/* reclaim.c - where deferred releases really happen, and reuse.
+ *
+ * Flush points are moments where waiting is what the program does anyway:
+ * an allocation that failed (released, then retried once), cuCtxSynchronize,
+ * cudefer_flush(), the next allocation of a context over its limits, a
+ * registration that overlaps a queued unregister. A flush takes the queue
+ * whole and holds no lock while the driver waits, so other threads' releases,
+ * allocations and launches carry on.
+ *
+ * Before any of that, an allocation may be served by a released block whose
+ * fence has passed (pinned host and managed memory), with no driver call.
+ */
+#include "engine.h"
+#include "lifecycle.h"
+
+#include "backends.h"
+#include "contexts.h"
+#include "driver.h"
+#include "log.h"
+#include "options.h"
+#include "queue.h"
+#include "registry.h"
+#include "stats.h"
+
+/* Really releases the entries of cs's queue whose kind is in mask, oldest
+ * first; with wait_frees, also waits until the device frees in flight are
+ * done, so that their memory is back with the driver. MAY WAIT for the GPU.
+ * Holds no lock meanwhile: the queue was taken whole, and other threads push
+ * onto a new one. Returns whether there was anything to do. */
+static bool flush_context(struct cd_ctx *cs, enum cd_flush_reason why, unsigned mask,
+                          bool wait_frees)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_record *list = cd_take_all(&cs->deferred);
+    bool frees = wait_frees && cd_frees_pending() > 0;
+    if (!list && !frees)
+        return false;
+    atomic_fetch_add(&cd_stats.flushes[why], 1);
+
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&cs->handle), true);
+    if (frees)
+        ops->stream_synchronize(cs->priv);
+    struct cd_record *keep = NULL;
+    int released = 0, failed = 0;
+    for (struct cd_record *r = list, *next; r; r = next) {
+        next = r->queue_next;
+        if (!(mask & (1u << r->kind))) {
+            r->queue_next = keep;
+            keep = r;
+            continue;
+        }
+        CUresult rc = cd_backend(r->kind)->release(r);
+        if (rc != CUDA_SUCCESS) {
+            cd_log(CD_LOG_ERROR, "deferred release of %s %#lx failed with error %d",
+                   cd_backend(r->kind)->name, (unsigned long)r->key, (int)rc);
+            atomic_fetch_add(&cd_stats.errors[r->kind], 1);
+            failed++;
+        } else {
+            atomic_fetch_add(&cd_stats.released[r->kind], 1);
+            released++;
+        }
+        cd_finish_deferred(cs, r);
+    }
+    cd_scope_leave(&sc);
+    cd_push_all(&cs->deferred, keep);
+    cd_log(CD_LOG_INFO, "flush (%s) of context %p: %d released, %d failed",
+           cd_flush_reason_name(why), (void *)atomic_load(&cs->handle), released, failed);
+    return true;
+}
+
+static bool flush_all(enum cd_flush_reason why, unsigned mask, bool wait_frees)
+{
+    bool any = false;
+    for (int i = 0; i < CD_MAX_CONTEXTS; i++)
+        if (atomic_load(&cd_contexts[i].state) == CD_CTX_READY)
+            any |= flush_context(&cd_contexts[i], why, mask, wait_frees);
+    return any;
+}
+
+int cd_flush_all(void)
+{
+    if (cd_enabled() && cd_driver_ops())
+        flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true);
+    return 0;
+}
+
+void cd_context_synchronized(CUcontext ctx)
+{
+    if (!cd_enabled())
+        return;
+    struct cd_ctx *cs = ctx ? cd_ctx_find(ctx) : cd_ctx_current();
+    if (cs)
+        flush_context(cs, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+}
+
+void cd_alloc_begin(void)
+{
+    if (!cd_enabled())
+        return;
+    struct cd_ctx *cs = cd_ctx_current();
+    if (cs && atomic_exchange(&cs->over_limit, false))
+        flush_context(cs, CD_FLUSH_LIMIT, CD_ALL_KINDS, false);
+}
+
+bool cd_alloc_failed(CUresult rc, const char *call)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_enabled() || !cd_driver_ops())
+        return false;
+    if (!flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true))
+        return false;
+    atomic_fetch_add(&cd_stats.retries, 1);
+    cd_log(CD_LOG_INFO, "%s ran out of memory: released the queue, retrying", call);
+    return true;
+}
+
+/* Candidates looked at per allocation: the queue is scanned newest first,
+ * where a loop's last release is. */
+#define REUSE_SCAN 64
+
+static bool reusable(const struct cd_record *r, enum cd_kind kind, size_t bytes,
+                     unsigned flags, const struct cd_driver_ops *ops)
+{
+    return r->kind == kind && r->bytes == bytes && r->flags == flags && r->done &&
+           ops->event_query(r->done) == CUDA_SUCCESS;
+}
+
+bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
+{
+    if (!cd_enabled() || !cd_backend(kind)->reusable || !cd_option_bool(cd_backend(kind)->option))
+        return false;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_ctx *cs = ops ? cd_ctx_current() : NULL;
+    if (!cs || atomic_load(&cs->deferred_entries) == 0)
+        return false;
+    /* Taken whole, like a flush: a flush meanwhile finds the rest later. */
+    struct cd_record *list = atomic_exchange_explicit(&cs->deferred, NULL, memory_order_acquire);
+    struct cd_record **link = &list, *hit = NULL;
+    for (int n = 0; *link && n < REUSE_SCAN; n++, link = &(*link)->queue_next) {
+        if (reusable(*link, kind, bytes, flags, ops)) {
+            hit = *link;
+            *link = hit->queue_next;
+            break;
+        }
+    }
+    /* Back in the same order: list is newest first, and so is the stack. */
+    struct cd_record *rev = NULL;
+    while (list) {
+        struct cd_record *next = list->queue_next;
+        list->queue_next = rev;
+        rev = list;
+        list = next;
+    }
+    cd_push_all(&cs->deferred, rev);
+    if (!hit)
+        return false;
+    cd_account_deferred(cs, hit, -1);
+    cd_ctx_event_put(cs, hit->done);
+    hit->done = NULL;
+    cd_registry_unretire(hit);
+    atomic_fetch_add(&cd_stats.reused[kind], 1);
+    cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_backend(kind)->name, (unsigned long)hit->key);
+    *key = hit->key;
+    return true;
+}
+
+void cd_before_register(void *ptr, size_t bytes)
+{
+    if (!cd_enabled() || cd_registered_pending() == 0)
+        return;
+    uintptr_t lo = (uintptr_t)ptr;
+    if (cd_registry_retired_overlap(CD_REGISTERED, lo, lo + bytes))
+        flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+}
+
+bool cd_register_failed(CUresult rc)
+{
+    if (rc != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || !cd_enabled() ||
+        cd_registered_pending() == 0)
+        return false;
+    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+}
