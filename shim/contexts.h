@@ -17,6 +17,15 @@
 
 enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_DEAD };
 
+/* Device frees behind one marker event that the waiter recorded on the
+ * private stream after them: the batch is done when its marker is. Batches
+ * complete in order, as the private stream runs in order. */
+struct cd_batch {
+    struct cd_batch *next;
+    CUevent marker;
+    struct cd_record *records;
+};
+
 struct cd_ctx {
     _Atomic(CUcontext) handle;
     _Atomic int state;
@@ -33,7 +42,7 @@ struct cd_ctx {
     _Atomic bool over_limit;
 
     pthread_mutex_t lock;          /* the waiter's pass against teardown */
-    struct cd_record *waiting;     /* device frees the waiter watches */
+    struct cd_batch *batches;      /* device frees the waiter watches */
     pthread_mutex_t pool_lock;     /* held for a few instructions only */
     CUevent *events;               /* pool of spare events */
     size_t nevents, cap_events;

@@ -23,6 +23,52 @@
 
 static _Atomic long long registered_pending;
 
+/* Ranges of the registrations whose unregister is queued (a handful at a
+ * time): a registration that overlaps one must wait for its real release. */
+static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct range {
+    uintptr_t lo, hi;
+} *ranges;
+static size_t nranges, cap_ranges;
+
+static void note_range(const struct cd_record *r, int sign)
+{
+    struct range want = {r->key, r->key + r->bytes};
+    pthread_mutex_lock(&ranges_lock);
+    if (sign > 0) {
+        if (nranges == cap_ranges) {
+            size_t cap = cap_ranges ? cap_ranges * 2 : 16;
+            struct range *p = realloc(ranges, cap * sizeof *p);
+            if (p) {
+                ranges = p;
+                cap_ranges = cap;
+            }
+        }
+        /* Without room the range is not noted; the registration's own
+         * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED still leads to a flush. */
+        if (nranges < cap_ranges)
+            ranges[nranges++] = want;
+    } else {
+        for (size_t i = 0; i < nranges; i++) {
+            if (ranges[i].lo == want.lo && ranges[i].hi == want.hi) {
+                ranges[i] = ranges[--nranges];
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&ranges_lock);
+}
+
+bool cd_registered_overlap(uintptr_t lo, uintptr_t hi)
+{
+    bool found = false;
+    pthread_mutex_lock(&ranges_lock);
+    for (size_t i = 0; i < nranges && !found; i++)
+        found = ranges[i].lo < hi && lo < ranges[i].hi;
+    pthread_mutex_unlock(&ranges_lock);
+    return found;
+}
+
 bool cd_enabled(void)
 {
     return cd_option_bool(CD_OPT_ENABLE);
@@ -39,8 +85,10 @@ void cd_account_deferred(struct cd_ctx *cs, struct cd_record *r, int sign)
     atomic_fetch_add(&cs->deferred_bytes, bytes);
     atomic_fetch_add(&cs->deferred_entries, sign);
     cd_stats_add_deferred_bytes(bytes);
-    if (r->kind == CD_REGISTERED)
+    if (r->kind == CD_REGISTERED) {
         atomic_fetch_add(&registered_pending, sign);
+        note_range(r, sign);
+    }
 }
 
 /* Removes a finished record everywhere and frees it. The caller already
@@ -107,22 +155,14 @@ static void drop_queue(struct cd_ctx *cs, CUresult why)
  * was issued. Does not wait. */
 static CUresult fence_record(struct cd_ctx *cs, struct cd_record *r, bool *issued)
 {
-    const struct cd_driver_ops *ops = cd_driver_ops();
     *issued = false;
     CUresult rc = cd_ctx_fence(cs, r->kind == CD_DEVICE ? NULL : &r->done);
     if (rc != CUDA_SUCCESS || r->kind != CD_DEVICE)
         return rc;
-    rc = ops->mem_free_async((CUdeviceptr)r->key, cs->priv);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    *issued = true;
-    if (cd_ctx_event_get(cs, &r->done) != CUDA_SUCCESS)
-        r->done = NULL;
-    else if (ops->event_record(r->done, cs->priv) != CUDA_SUCCESS) {
-        cd_ctx_event_put(cs, r->done);
-        r->done = NULL;
-    }
-    return CUDA_SUCCESS;
+    /* The waiter marks when it is done (a marker per batch of frees). */
+    rc = cd_driver_ops()->mem_free_async((CUdeviceptr)r->key, cs->priv);
+    *issued = rc == CUDA_SUCCESS;
+    return rc;
 }
 
 /* Puts a fenced or unfenced record where it belongs. */
@@ -325,6 +365,8 @@ static void in_child(void)
     cd_waiter_reset();
     cd_primaries_reset();
     atomic_store(&registered_pending, 0);
+    pthread_mutex_init(&ranges_lock, NULL);
+    nranges = 0;
 }
 
 __attribute__((constructor)) static void lifecycle_init(void)

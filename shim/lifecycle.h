@@ -10,6 +10,7 @@
 #include "engine.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct cd_ctx;
 struct cd_record;
@@ -26,8 +27,10 @@ void cd_account_deferred(struct cd_ctx *cs, struct cd_record *r, int sign);
 void cd_finish(struct cd_record *r);
 /* Takes a deferred entry off the books after its real release or drop. */
 void cd_finish_deferred(struct cd_ctx *cs, struct cd_record *r);
-/* Registrations whose unregister is queued. */
+/* Registrations whose unregister is queued, and whether one of them
+ * overlaps [lo, hi). */
 long long cd_registered_pending(void);
+bool cd_registered_overlap(uintptr_t lo, uintptr_t hi);
 /* Fences what was queued while captures were live (none is now). */
 void cd_fence_backlogs(void);
 

@@ -169,7 +169,7 @@ void cd_before_register(void *ptr, size_t bytes)
     if (!cd_enabled() || cd_registered_pending() == 0)
         return;
     uintptr_t lo = (uintptr_t)ptr;
-    if (cd_registry_retired_overlap(CD_REGISTERED, lo, lo + bytes))
+    if (cd_registered_overlap(lo, lo + bytes))
         flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
 }
 

@@ -152,21 +152,6 @@ void cd_registry_drop_context(struct cd_ctx *ctx)
     }
 }
 
-bool cd_registry_retired_overlap(enum cd_kind cls, uintptr_t lo, uintptr_t hi)
-{
-    bool found = false;
-    for (int i = 0; i < SHARDS && !found; i++) {
-        struct shard *s = shard_of((uint64_t)i);
-        pthread_mutex_lock(&s->lock);
-        for (int b = 0; b < BUCKETS && !found; b++)
-            for (struct cd_record *r = s->bucket[b]; r && !found; r = r->hash_next)
-                found = r->state == CD_RETIRED && cd_kind_class(r->kind) == cls &&
-                        r->key < hi && lo < r->key + r->bytes;
-        pthread_mutex_unlock(&s->lock);
-    }
-    return found;
-}
-
 size_t cd_registry_count(enum cd_kind kind, int state)
 {
     size_t n = 0;

@@ -55,9 +55,6 @@ void cd_registry_remove(struct cd_record *r);
  * frees their memory), RETIRED ones stay owned by their queues. */
 void cd_registry_drop_context(struct cd_ctx *ctx);
 
-/* Whether a RETIRED record of class cls overlaps [lo, hi). */
-bool cd_registry_retired_overlap(enum cd_kind cls, uintptr_t lo, uintptr_t hi);
-
 /* Live records of a kind (for statistics and tests). */
 size_t cd_registry_count(enum cd_kind kind, int state);
 

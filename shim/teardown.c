@@ -21,6 +21,7 @@
 #include "stats.h"
 
 #include <sched.h>
+#include <stdlib.h>
 
 /* Device frees already handed to the driver: the context's destruction
  * completes them; their records go. */
@@ -66,8 +67,8 @@ void cd_context_teardown(CUcontext ctx)
      * releases and fences under way once they finish (microseconds). */
     pthread_mutex_lock(&cs->lock);
     atomic_store(&cs->state, CD_CTX_DEAD);
-    struct cd_record *waiting = cs->waiting;
-    cs->waiting = NULL;
+    struct cd_batch *batches = cs->batches;
+    cs->batches = NULL;
     pthread_mutex_unlock(&cs->lock);
     while (atomic_load(&cs->users) != 0)
         sched_yield();
@@ -75,7 +76,13 @@ void cd_context_teardown(CUcontext ctx)
 
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
-    forget_frees(cs, waiting);
+    while (batches) {
+        struct cd_batch *next = batches->next;
+        cd_ctx_event_put(cs, batches->marker);
+        forget_frees(cs, batches->records);
+        free(batches);
+        batches = next;
+    }
     forget_frees(cs, cd_take_all(&cs->inflight));
     settle_queue(cs);
     cd_registry_drop_context(cs);

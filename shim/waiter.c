@@ -32,6 +32,10 @@ static _Atomic bool waiter_running;
 static pthread_t waiter;
 static _Atomic long long frees_pending;
 
+/* Set while the waiter sleeps for want of work: only then does a new free
+ * post to wake it (a napping waiter finds it at its next pass). */
+static _Atomic bool waiter_idle;
+
 static void wake_waiter(void)
 {
     sem_post(&work);
@@ -41,7 +45,8 @@ void cd_queue_inflight(struct cd_ctx *cs, struct cd_record *r)
 {
     atomic_fetch_add(&frees_pending, 1);
     cd_push(&cs->inflight, r);
-    wake_waiter();
+    if (atomic_exchange(&waiter_idle, false))
+        wake_waiter();
 }
 
 long long cd_frees_pending(void)
@@ -54,35 +59,12 @@ void cd_frees_done(long long n)
     atomic_fetch_sub(&frees_pending, n);
 }
 
-/* One pass over a context's device frees in flight. Returns how many
- * finished; sets *pending when some are still running. The driver calls
- * made here do not wait: a completed event's synchronise returns at once. */
-static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, bool *pending)
+/* Finishes the records of a batch whose marker gave q. */
+static int finish_batch(struct cd_batch *b, CUresult q)
 {
-    struct cd_record *finished = NULL;
-    pthread_mutex_lock(&cs->lock);
-    if (atomic_load(&cs->state) != CD_CTX_READY) {
-        pthread_mutex_unlock(&cs->lock);
-        return 0;
-    }
-    struct cd_record **tail = &cs->waiting;
-    while (*tail)
-        tail = &(*tail)->queue_next;
-    *tail = cd_take_all(&cs->inflight);
-
-    struct cd_scope sc;
-    cd_scope_enter(&sc, atomic_load(&cs->handle), false);
-    struct cd_record **link = &cs->waiting;
-    while (*link) {
-        struct cd_record *r = *link;
-        CUresult q = r->done ? ops->event_query(r->done) : CUDA_SUCCESS;
-        if (q == CUDA_ERROR_NOT_READY) {
-            *pending = true;
-            link = &r->queue_next;
-            continue;
-        }
-        if (q == CUDA_SUCCESS && r->done)
-            q = ops->event_synchronize(r->done);
+    int n = 0;
+    for (struct cd_record *r = b->records, *next; r; r = next) {
+        next = r->queue_next;
         if (q != CUDA_SUCCESS) {
             cd_log(CD_LOG_ERROR, "device free of %#lx: the driver reported error %d",
                    (unsigned long)r->key, (int)q);
@@ -90,25 +72,88 @@ static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, boo
         } else {
             atomic_fetch_add(&cd_stats.released[r->kind], 1);
         }
-        *link = r->queue_next;
-        /* The pool goes with the context at teardown: give the event back
-         * while the context cannot be torn down. */
-        cd_ctx_event_put(cs, r->done);
-        r->done = NULL;
-        r->queue_next = finished;
-        finished = r;
+        cd_finish(r);
+        n++;
     }
+    return n;
+}
+
+/* Puts the frees just taken behind a marker event on the private stream. */
+static void open_batch(struct cd_ctx *cs, const struct cd_driver_ops *ops,
+                       struct cd_record *records)
+{
+    struct cd_batch *b = calloc(1, sizeof *b);
+    if (!b) {
+        /* Without a batch the records are finished at once: the registry
+         * forgets them early, which is harmless, as the driver hands their
+         * addresses out again only once the frees are done. */
+        cd_log(CD_LOG_ERROR, "out of memory for a batch of device frees");
+        struct cd_batch now = {.records = records};
+        cd_frees_done(finish_batch(&now, CUDA_SUCCESS));
+        return;
+    }
+    b->records = records;
+    if (cd_ctx_event_get(cs, &b->marker) == CUDA_SUCCESS &&
+        ops->event_record(b->marker, cs->priv) != CUDA_SUCCESS) {
+        cd_ctx_event_put(cs, b->marker);
+        b->marker = NULL;
+    }
+    struct cd_batch **tail = &cs->batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = b;
+}
+
+
+/* One pass over a context's device frees in flight: new ones get a marker,
+ * completed batches are synchronised (at once: their marker has completed)
+ * and finished. Sets *pending when some are still running. */
+static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, bool *pending)
+{
+    struct cd_batch *done = NULL, **done_tail = &done;
+    CUresult results[64];
+    int ndone = 0;
+    pthread_mutex_lock(&cs->lock);
+    if (atomic_load(&cs->state) != CD_CTX_READY) {
+        pthread_mutex_unlock(&cs->lock);
+        return 0;
+    }
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&cs->handle), false);
+    struct cd_record *fresh = cd_take_all(&cs->inflight);
+    if (fresh)
+        open_batch(cs, ops, fresh);
+    while (cs->batches && ndone < 64) {
+        struct cd_batch *b = cs->batches;
+        CUresult q = b->marker ? ops->event_query(b->marker) : CUDA_SUCCESS;
+        if (q == CUDA_ERROR_NOT_READY) {
+            *pending = true;
+            break;
+        }
+        if (q == CUDA_SUCCESS && b->marker)
+            q = ops->event_synchronize(b->marker);
+        cs->batches = b->next;
+        /* The pool goes with the context at teardown: give the marker back
+         * while the context cannot be torn down. */
+        cd_ctx_event_put(cs, b->marker);
+        b->next = NULL;
+        *done_tail = b;
+        done_tail = &b->next;
+        results[ndone++] = q;
+    }
+    if (cs->batches)
+        *pending = true;
     if (!cs->ctx_record)
         cd_ctx_prune_finals(cs);
     cd_scope_leave(&sc);
     pthread_mutex_unlock(&cs->lock);
 
     int n = 0;
-    while (finished) {
-        struct cd_record *next = finished->queue_next;
-        cd_finish(finished);
-        finished = next;
-        n++;
+    for (int i = 0; done; i++) {
+        struct cd_batch *next = done->next;
+        n += finish_batch(done, results[i]);
+        free(done);
+        done = next;
     }
     cd_frees_done(n);
     return n;
@@ -142,14 +187,20 @@ static void *waiter_main(void *arg)
             if (atomic_load(&cd_contexts[i].state) == CD_CTX_READY)
                 done += drain_context(&cd_contexts[i], ops, &pending);
         if (!pending && cd_frees_pending() == 0) {
-            while (sem_wait(&work) != 0 && errno == EINTR)
-                ;
+            /* Idle is announced before the last look at the count, and a
+             * free counts itself before it looks at idle: one of the two
+             * sees the other. */
+            atomic_store(&waiter_idle, true);
+            if (cd_frees_pending() == 0 && !atomic_load(&stopping))
+                while (sem_wait(&work) != 0 && errno == EINTR)
+                    ;
+            atomic_store(&waiter_idle, false);
             nap = 0;
             continue;
         }
-        /* Poll fast while frees complete, back off to 1 ms while the GPU is
-         * busy; a new free wakes the waiter at once. */
-        nap = done ? 20 : (nap ? (nap * 2 > 1000 ? 1000 : nap * 2) : 20);
+        /* Frees arriving while the GPU is busy are batched: the waiter looks
+         * again after a nap that grows to 1 ms while nothing completes. */
+        nap = done ? 50 : (nap ? (nap * 2 > 1000 ? 1000 : nap * 2) : 50);
         sleep_or_wake(nap);
     }
     return NULL;
@@ -193,6 +244,7 @@ void cd_lifecycle_start(void)
 void cd_waiter_reset(void)
 {
     atomic_store(&frees_pending, 0);
+    atomic_store(&waiter_idle, false);
     atomic_store(&waiter_running, false);
     atomic_store(&stopping, false);
     sem_init(&work, 0, 0);
