@@ -44,12 +44,13 @@ static CUresult release_library(const struct cd_record *r)
 /* cuCtxDestroy frees what the context owns: device, pinned and managed
  * memory, arrays and modules. Registrations are undone and libraries
  * (which outlive contexts) unloaded for real before the teardown. */
-/* Device memory goes back through the driver's stream-ordered free, not
- * the queue. Registered memory is the program's own: after the unregister
+/* Device memory waits in the queue (up to CUDEFER_DEVICE_CACHE) for an
+ * allocation of its size, then goes back through the driver's
+ * stream-ordered free. Registered memory is the program's own: after the unregister
  * it may be unmapped and the address mapped again to other pages, so a
  * registration is never revived. */
 static const struct cd_backend backends[CD_KIND_COUNT] = {
-    [CD_DEVICE] = {"device", CD_OPT_DEVICE, CUDA_ERROR_INVALID_VALUE, true, false,
+    [CD_DEVICE] = {"device", CD_OPT_DEVICE, CUDA_ERROR_INVALID_VALUE, true, true,
                    release_device},
     [CD_MANAGED] = {"managed", CD_OPT_MANAGED, CUDA_ERROR_INVALID_VALUE, true, true,
                     release_device},

@@ -362,6 +362,8 @@ void cd_ctx_release_slot(struct cd_ctx *cs)
     cs->fence = NULL;
     cs->priv = NULL;
     atomic_store(&cs->deferred_bytes, 0);
+    atomic_store(&cs->cached_device, 0);
+    atomic_store(&cs->cached_entries, 0);
     atomic_store(&cs->deferred_entries, 0);
     atomic_store(&cs->over_limit, false);
     atomic_store(&cs->handle, NULL);

@@ -37,8 +37,10 @@ struct cd_ctx {
 
     _Atomic(struct cd_record *) deferred; /* pushed lock-free; taken whole */
     _Atomic(struct cd_record *) inflight; /* device frees submitted */
-    _Atomic long long deferred_bytes;
-    _Atomic long long deferred_entries;
+    _Atomic long long deferred_bytes;    /* without device blocks */
+    _Atomic long long deferred_entries;  /* with device blocks */
+    _Atomic long long cached_device;     /* bytes of device blocks queued */
+    _Atomic long long cached_entries;    /* device blocks queued */
     _Atomic bool over_limit;
 
     pthread_mutex_t lock;          /* the waiter's pass against teardown */

@@ -148,6 +148,11 @@ EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     ENTER(cuMemAlloc);
     CUresult rc;
+    uintptr_t again;
+    if (dptr && cd_reuse(CD_DEVICE, bytesize, 0, &again)) {
+        *dptr = (CUdeviceptr_v1)again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         cd_track(CD_DEVICE, *dptr, bytesize, 0);
@@ -159,6 +164,11 @@ EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ENTER(cuMemAlloc_v2);
     CUresult rc;
+    uintptr_t again;
+    if (dptr && cd_reuse(CD_DEVICE, bytesize, 0, &again)) {
+        *dptr = again;
+        return CUDA_SUCCESS;
+    }
     ALLOC_CALL(rc, dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         cd_track(CD_DEVICE, *dptr, bytesize, 0);

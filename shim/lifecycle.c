@@ -82,8 +82,14 @@ long long cd_registered_pending(void)
 void cd_account_deferred(struct cd_ctx *cs, struct cd_record *r, int sign)
 {
     long long bytes = sign * (long long)r->bytes;
-    atomic_fetch_add(&cs->deferred_bytes, bytes);
     atomic_fetch_add(&cs->deferred_entries, sign);
+    if (r->kind == CD_DEVICE) {
+        atomic_fetch_add(&cs->cached_device, bytes);
+        atomic_fetch_add(&cs->cached_entries, sign);
+        cd_stats_add_cached_device_bytes(bytes);
+        return;
+    }
+    atomic_fetch_add(&cs->deferred_bytes, bytes);
     cd_stats_add_deferred_bytes(bytes);
     if (r->kind == CD_REGISTERED) {
         atomic_fetch_add(&registered_pending, sign);
@@ -99,12 +105,45 @@ void cd_finish(struct cd_record *r)
     free(r);
 }
 
+/* Hands the oldest fenced device blocks of the queue to cuMemFreeAsync
+ * until the cache is within CUDEFER_DEVICE_CACHE; the waiter finishes them.
+ * Does not wait. Called with cs's context current. */
+static void evict_device(struct cd_ctx *cs)
+{
+    long long limit = cd_option_int(CD_OPT_DEVICE_CACHE);
+    if (atomic_load(&cs->cached_device) <= limit || !cd_fence_enter())
+        return;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_record *keep = NULL, **tail = &keep;
+    for (struct cd_record *r = cd_take_all(&cs->deferred), *next; r; r = next) {
+        next = r->queue_next;
+        if (r->kind == CD_DEVICE && r->done && atomic_load(&cs->cached_device) > limit &&
+            ops->mem_free_async((CUdeviceptr)r->key, cs->priv) == CUDA_SUCCESS) {
+            cd_account_deferred(cs, r, -1);
+            cd_ctx_event_put(cs, r->done);
+            r->done = NULL;
+            cd_queue_inflight(cs, r);
+            continue;
+        }
+        r->queue_next = NULL;
+        *tail = r;
+        tail = &r->queue_next;
+    }
+    cd_fence_exit();
+    cd_push_all(&cs->deferred, keep); /* oldest first: the newest ends on top */
+}
+
 static void queue_deferred(struct cd_ctx *cs, struct cd_record *r)
 {
     cd_account_deferred(cs, r, +1);
     cd_push(&cs->deferred, r);
+    if (r->kind == CD_DEVICE) {
+        evict_device(cs);
+        return;
+    }
     if (atomic_load(&cs->deferred_bytes) > cd_option_int(CD_OPT_MAX_DEFERRED_BYTES) ||
-        atomic_load(&cs->deferred_entries) > cd_option_int(CD_OPT_MAX_DEFERRED_ENTRIES))
+        atomic_load(&cs->deferred_entries) - atomic_load(&cs->cached_entries) >
+            cd_option_int(CD_OPT_MAX_DEFERRED_ENTRIES))
         atomic_store(&cs->over_limit, true);
 }
 
@@ -151,13 +190,14 @@ static void drop_queue(struct cd_ctx *cs, CUresult why)
 }
 
 /* Fences r behind all work submitted so far in its context; for device
- * memory also issues the stream-ordered free. *issued tells whether the free
- * was issued. Does not wait. */
+ * memory with no cache, also issues the stream-ordered free. *issued tells
+ * whether the free was issued. Does not wait. */
 static CUresult fence_record(struct cd_ctx *cs, struct cd_record *r, bool *issued)
 {
     *issued = false;
-    CUresult rc = cd_ctx_fence(cs, r->kind == CD_DEVICE ? NULL : &r->done);
-    if (rc != CUDA_SUCCESS || r->kind != CD_DEVICE)
+    bool cached = r->kind != CD_DEVICE || cd_option_int(CD_OPT_DEVICE_CACHE) > 0;
+    CUresult rc = cd_ctx_fence(cs, cached ? &r->done : NULL);
+    if (rc != CUDA_SUCCESS || cached)
         return rc;
     /* The waiter marks when it is done (a marker per batch of frees). */
     rc = cd_driver_ops()->mem_free_async((CUdeviceptr)r->key, cs->priv);

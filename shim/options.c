@@ -31,6 +31,8 @@ static const struct cd_option_desc table[CD_OPT_COUNT] = {
         "Deferred bytes of a context (pinned, registered, managed, arrays) above which its next allocating call releases the queue."},
     [CD_OPT_MAX_DEFERRED_ENTRIES] = {"MAX_DEFERRED_ENTRIES", CD_TYPE_COUNT, "4096",
         "Deferred entries of a context above which its next allocating call releases the queue."},
+    [CD_OPT_DEVICE_CACHE] = {"DEVICE_CACHE", CD_TYPE_SIZE, "256M",
+        "Released device memory of a context kept to serve allocations of the same size once its fence has passed; beyond it the oldest goes to cuMemFreeAsync. 0 frees every block at once."},
     [CD_OPT_LOG] = {"LOG", CD_TYPE_LEVEL, "error",
         "Log level on stderr: off, error, info (flushes, teardown, options at start) or debug (every door and release)."},
     [CD_OPT_STATS] = {"STATS", CD_TYPE_BOOL, "0",

@@ -20,12 +20,22 @@ const char *cd_flush_reason_name(enum cd_flush_reason why)
     return reason_names[why];
 }
 
+static void add_with_peak(_Atomic int64_t *now_bytes, _Atomic int64_t *peak_bytes, int64_t delta)
+{
+    int64_t now = atomic_fetch_add(now_bytes, delta) + delta;
+    int64_t peak = atomic_load(peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(peak_bytes, &peak, now))
+        ;
+}
+
 void cd_stats_add_deferred_bytes(int64_t delta)
 {
-    int64_t now = atomic_fetch_add(&cd_stats.deferred_bytes, delta) + delta;
-    int64_t peak = atomic_load(&cd_stats.peak_deferred_bytes);
-    while (now > peak && !atomic_compare_exchange_weak(&cd_stats.peak_deferred_bytes, &peak, now))
-        ;
+    add_with_peak(&cd_stats.deferred_bytes, &cd_stats.peak_deferred_bytes, delta);
+}
+
+void cd_stats_add_cached_device_bytes(int64_t delta)
+{
+    add_with_peak(&cd_stats.cached_device_bytes, &cd_stats.peak_cached_device_bytes, delta);
 }
 
 static void print_text(void)
@@ -45,8 +55,10 @@ static void print_text(void)
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)
         cd_log_raw("cudefer:   flushes (%s): %llu\n", reason_names[r],
                    (unsigned long long)cd_stats.flushes[r]);
-    cd_log_raw("cudefer:   allocations retried: %llu; peak deferred bytes: %lld\n",
-               (unsigned long long)cd_stats.retries, (long long)cd_stats.peak_deferred_bytes);
+    cd_log_raw("cudefer:   allocations retried: %llu; peak deferred bytes: %lld; "
+               "peak cached device bytes: %lld\n",
+               (unsigned long long)cd_stats.retries, (long long)cd_stats.peak_deferred_bytes,
+               (long long)cd_stats.peak_cached_device_bytes);
 }
 
 static void write_counts(FILE *f, const char *key, _Atomic uint64_t *v, bool last)
@@ -76,8 +88,10 @@ static void write_json(const char *path)
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)
         fprintf(f, "%s\"%s\": %llu", r ? ", " : "", reason_names[r],
                 (unsigned long long)cd_stats.flushes[r]);
-    fprintf(f, "},\n  \"retries\": %llu,\n  \"peak_deferred_bytes\": %lld\n}\n",
-            (unsigned long long)cd_stats.retries, (long long)cd_stats.peak_deferred_bytes);
+    fprintf(f, "},\n  \"retries\": %llu,\n  \"peak_deferred_bytes\": %lld,\n"
+            "  \"peak_cached_device_bytes\": %lld\n}\n",
+            (unsigned long long)cd_stats.retries, (long long)cd_stats.peak_deferred_bytes,
+            (long long)cd_stats.peak_cached_device_bytes);
     fclose(f);
 }
 

@@ -28,12 +28,15 @@ struct cd_stats {
     _Atomic uint64_t retries;                  /* allocations retried after a flush */
     _Atomic int64_t deferred_bytes;            /* now, all contexts */
     _Atomic int64_t peak_deferred_bytes;
+    _Atomic int64_t cached_device_bytes;       /* now, all contexts */
+    _Atomic int64_t peak_cached_device_bytes;
 };
 
 extern struct cd_stats cd_stats;
 
 const char *cd_flush_reason_name(enum cd_flush_reason why);
 void cd_stats_add_deferred_bytes(int64_t delta);
+void cd_stats_add_cached_device_bytes(int64_t delta);
 
 /* Prints the statistics (CUDEFER_STATS) and writes the report
  * (CUDEFER_REPORT), once. */

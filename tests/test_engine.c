@@ -327,6 +327,7 @@ Test(flush, explicit_flush, .timeout = 10)
 
 Test(flush, device_memory_comes_back_without_a_sync, .timeout = 10)
 {
+    setenv("CUDEFER_DEVICE_CACHE", "0", 1); /* straight to cuMemFreeAsync */
     test_context();
     CUdeviceptr p;
     CU_OK(cuMemAlloc(&p, 1 << 20));
@@ -733,16 +734,18 @@ static void reuse_after_fence(enum what what)
 {
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    const char *call = what == MANAGED ? "cuMemAllocManaged" : "cuMemAllocHost_v2";
+    const char *call = what == MANAGED ? "cuMemAllocManaged"
+                       : what == DEVICE ? "cuMemAlloc_v2" : "cuMemAllocHost_v2";
+    bool dev = what == MANAGED || what == DEVICE;
     struct object first = make(what);
-    uintptr_t addr = what == MANAGED ? (uintptr_t)first.dptr : (uintptr_t)first.host;
+    uintptr_t addr = dev ? (uintptr_t)first.dptr : (uintptr_t)first.host;
     CU_OK(testdrv_launch(s, 100000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE));
     CU_OK(release(&first));
 
     /* The kernel still runs: the block is not handed out. */
     uint64_t calls = testdrv_calls(call);
     struct object second = make(what);
-    uintptr_t addr2 = what == MANAGED ? (uintptr_t)second.dptr : (uintptr_t)second.host;
+    uintptr_t addr2 = dev ? (uintptr_t)second.dptr : (uintptr_t)second.host;
     cr_expect_neq(addr2, addr, "a block was reused while a kernel could still write it");
     cr_expect_eq(testdrv_calls(call), calls + 1);
 
@@ -751,17 +754,20 @@ static void reuse_after_fence(enum what what)
     usleep(50000);
     calls = testdrv_calls(call);
     struct object third = make(what);
-    uintptr_t addr3 = what == MANAGED ? (uintptr_t)third.dptr : (uintptr_t)third.host;
+    uintptr_t addr3 = dev ? (uintptr_t)third.dptr : (uintptr_t)third.host;
     cr_expect_eq(addr3, addr, "the fenced block was not reused");
     cr_expect_eq(testdrv_calls(call), calls, "reuse must not call the driver");
     /* It is the program's again: a second release is not a double free. */
     cr_expect_eq(release(&third), CUDA_SUCCESS);
     cr_expect_eq(release(&second), CUDA_SUCCESS);
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(what == MANAGED ? TESTDRV_MANAGED : TESTDRV_HOST), 0);
+    enum testdrv_kind kind = what == MANAGED ? TESTDRV_MANAGED
+                             : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
+    cr_expect_eq(testdrv_live(kind), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
+Test(reuse, device_after_its_fence, .timeout = 10) { reuse_after_fence(DEVICE); }
 Test(reuse, pinned_host_after_its_fence, .timeout = 10) { reuse_after_fence(HOST); }
 Test(reuse, managed_after_its_fence, .timeout = 10) { reuse_after_fence(MANAGED); }
 
@@ -856,4 +862,28 @@ Test(stats, json_report_at_exit, .timeout = 10)
                        "%s", text);
     cr_expect_not_null(strstr(text, "\"sync\": 1"), "%s", text);
     cr_expect_not_null(strstr(text, "\"peak_deferred_bytes\": 4096"), "%s", text);
+}
+
+/* Over CUDEFER_DEVICE_CACHE the oldest fenced device blocks go to the
+ * driver's stream-ordered free at once, without waiting. */
+Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    test_context();
+    CUdeviceptr p[4];
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemAlloc(&p[i], 512 << 10));
+    uint64_t frees = testdrv_calls("cuMemFreeAsync");
+    for (int i = 0; i < 4; i++) {
+        CU_OK(cuMemFree(p[i]));
+        usleep(20000); /* let each fence pass */
+    }
+    cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 2, "expected two blocks evicted");
+    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE) > 2; i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 2, "the cache kept more than its limit");
+    /* The two newest are still there to serve allocations of their size. */
+    CUdeviceptr q;
+    CU_OK(cuMemAlloc(&q, 512 << 10));
+    cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
 }
