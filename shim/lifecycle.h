@@ -17,6 +17,9 @@ struct cd_record;
 
 #define CD_ALL_KINDS ((1u << CD_KIND_COUNT) - 1)
 
+/* Device blocks a context keeps for reuse at most, whatever their bytes. */
+#define CD_DEVICE_CACHE_BLOCKS 256
+
 /* CUDEFER_ENABLE. */
 bool cd_enabled(void);
 

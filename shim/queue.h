@@ -40,4 +40,25 @@ static inline struct cd_record *cd_take_all(_Atomic(struct cd_record *) *head)
     return fifo;
 }
 
+/* Puts a list taken with atomic_exchange (newest first, as it was) back
+ * under whatever was pushed meanwhile. Walks only the entries pushed
+ * meanwhile, not the list. */
+static inline void cd_push_list(_Atomic(struct cd_record *) *head, struct cd_record *list)
+{
+    while (list) {
+        struct cd_record *expected = NULL;
+        if (atomic_compare_exchange_strong_explicit(head, &expected, list, memory_order_release,
+                                                    memory_order_relaxed))
+            return;
+        struct cd_record *newer = atomic_exchange_explicit(head, NULL, memory_order_acquire);
+        if (!newer)
+            continue;
+        struct cd_record *last = newer;
+        while (last->queue_next)
+            last = last->queue_next;
+        last->queue_next = list;
+        list = newer;
+    }
+}
+
 #endif

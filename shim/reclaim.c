@@ -114,16 +114,10 @@ bool cd_alloc_failed(CUresult rc, const char *call)
     return true;
 }
 
-/* Candidates looked at per allocation: the queue is scanned newest first,
- * where a loop's last release is. */
+/* Candidates looked at per allocation, newest first. Of those that match,
+ * only the oldest is queried: fences complete in the order of the private
+ * stream, so when it has not passed, the newer ones have not either. */
 #define REUSE_SCAN 64
-
-static bool reusable(const struct cd_record *r, enum cd_kind kind, size_t bytes,
-                     unsigned flags, const struct cd_driver_ops *ops)
-{
-    return r->kind == kind && r->bytes == bytes && r->flags == flags && r->done &&
-           ops->event_query(r->done) == CUDA_SUCCESS;
-}
 
 bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
 {
@@ -133,25 +127,20 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
     struct cd_ctx *cs = ops ? cd_ctx_current() : NULL;
     if (!cs || atomic_load(&cs->deferred_entries) == 0)
         return false;
-    /* Taken whole, like a flush: a flush meanwhile finds the rest later. */
+    /* Taken whole, like a flush (a flush meanwhile finds it empty, and the
+     * entries again later); only the first REUSE_SCAN are looked at. */
     struct cd_record *list = atomic_exchange_explicit(&cs->deferred, NULL, memory_order_acquire);
-    struct cd_record **link = &list, *hit = NULL;
+    struct cd_record **link = &list, **oldest = NULL, *hit = NULL;
     for (int n = 0; *link && n < REUSE_SCAN; n++, link = &(*link)->queue_next) {
-        if (reusable(*link, kind, bytes, flags, ops)) {
-            hit = *link;
-            *link = hit->queue_next;
-            break;
-        }
+        const struct cd_record *r = *link;
+        if (r->kind == kind && r->bytes == bytes && r->flags == flags && r->done)
+            oldest = link;
     }
-    /* Back in the same order: list is newest first, and so is the stack. */
-    struct cd_record *rev = NULL;
-    while (list) {
-        struct cd_record *next = list->queue_next;
-        list->queue_next = rev;
-        rev = list;
-        list = next;
+    if (oldest && ops->event_query((*oldest)->done) == CUDA_SUCCESS) {
+        hit = *oldest;
+        *oldest = hit->queue_next;
     }
-    cd_push_all(&cs->deferred, rev);
+    cd_push_list(&cs->deferred, list);
     if (!hit)
         return false;
     cd_account_deferred(cs, hit, -1);
