@@ -110,22 +110,24 @@ void cd_finish(struct cd_record *r)
  * CD_DEVICE_CACHE_BLOCKS blocks (which keeps the queue short enough to
  * walk); the waiter finishes them. Does not wait. Called with cs's context
  * current. */
-static bool over_cache(struct cd_ctx *cs, long long limit)
+static bool over_cache(struct cd_ctx *cs, long long bytes, long long blocks)
 {
-    return atomic_load(&cs->cached_device) > limit ||
-           atomic_load(&cs->cached_entries) > CD_DEVICE_CACHE_BLOCKS;
+    return atomic_load(&cs->cached_device) > bytes || atomic_load(&cs->cached_entries) > blocks;
 }
 
 static void evict_device(struct cd_ctx *cs)
 {
     long long limit = cd_option_int(CD_OPT_DEVICE_CACHE);
-    if (!over_cache(cs, limit) || !cd_fence_enter())
+    if (!over_cache(cs, limit, CD_DEVICE_CACHE_BLOCKS) || !cd_fence_enter())
         return;
+    /* Down to three quarters, so that one walk of the queue serves many
+     * releases. */
+    long long bytes = limit / 4 * 3, blocks = CD_DEVICE_CACHE_BLOCKS / 4 * 3;
     const struct cd_driver_ops *ops = cd_driver_ops();
     struct cd_record *keep = NULL, **tail = &keep;
     for (struct cd_record *r = cd_take_all(&cs->deferred), *next; r; r = next) {
         next = r->queue_next;
-        if (r->kind == CD_DEVICE && r->done && over_cache(cs, limit) &&
+        if (r->kind == CD_DEVICE && r->done && over_cache(cs, bytes, blocks) &&
             ops->mem_free_async((CUdeviceptr)r->key, cs->priv) == CUDA_SUCCESS) {
             cd_account_deferred(cs, r, -1);
             cd_ctx_event_put(cs, r->done);
