@@ -546,7 +546,10 @@ TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 }
 
 /* cuMemFreeHost: memory from cuMemAllocHost / cuMemHostAlloc only; no
- * current context needed (a guess by analogy with cuMemFree). */
+ * current context needed (a guess by analogy with cuMemFree). NULL is
+ * CUDA_SUCCESS, free(NULL) semantics (measured on an RTX 4090, driver
+ * 590.48.01, by lupinemachines/lupine#850; cudaFreeHost(NULL) forwards it;
+ * to be confirmed by tests/gpu/conform.c). */
 TD_EXPORT CUresult cuMemFreeHost(void *p)
 {
     TD_COUNT(cuMemFreeHost);
@@ -556,6 +559,8 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
     struct td_ctx *c;
     if ((rc = release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
+    if (!p)
+        return td_leave(CUDA_SUCCESS);
     struct td_alloc *a = td_alloc_at((uintptr_t)p);
     if (!a)
         return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_INVALID_VALUE));
@@ -565,7 +570,9 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
 }
 
 /* cuMemHostUnregister: p must be the base of a registration; no current
- * context needed (a guess by analogy with cuMemFree). */
+ * context needed (a guess by analogy with cuMemFree). NULL is
+ * CUDA_ERROR_INVALID_VALUE (measured on an RTX 4090, driver 590.48.01, by
+ * lupinemachines/lupine#858; to be confirmed by tests/gpu/conform.c). */
 TD_EXPORT CUresult cuMemHostUnregister(void *p)
 {
     TD_COUNT(cuMemHostUnregister);
@@ -575,6 +582,8 @@ TD_EXPORT CUresult cuMemHostUnregister(void *p)
     struct td_ctx *c;
     if ((rc = release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
+    if (!p)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a = td_alloc_at((uintptr_t)p);
     if (!a || a->busy || a->kind != TESTDRV_REGISTERED)
         return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
