@@ -43,6 +43,19 @@ STALL_RELEASES = (
 CONFORM_BY_DESIGN = {
     "cuMemFree(in_global_capture)": "CUDA_SUCCESS",
     "cuMemFree(in_global_capture).end_capture": "CUDA_SUCCESS",
+    "cuMemFreeHost(in_global_capture)": "CUDA_SUCCESS",
+    "cuMemFreeHost(in_global_capture).end_capture": "CUDA_SUCCESS",
+    "cuMemFree(global_capture_other_thread)": "CUDA_SUCCESS",
+    "cuMemFree(global_capture_other_thread).end_capture": "CUDA_SUCCESS",
+}
+# Differences of the shim from the driver that are known and not intended
+# (tests/test_conformance.c skips them under the shim with the same words):
+# they still count as failures.
+CONFORM_KNOWN_GAPS = {
+    "cuMemFree(destroyed_context_current)":
+        "a release with a destroyed context current is deferred",
+    "cuMemHostAlloc(invalid_flag_after_release)":
+        "reuse of a released block lets flag 0x80000000 through",
 }
 
 HAZARD_STREAMS = ("nonblocking", "blocking", "legacy", "perthread", "ptsz")
@@ -378,6 +391,18 @@ def report_oom(res, summary):
         rf.get("second_oom") if rf else "-"))
 
 
+def conform_after(r):
+    """The behaviour after a case, short: 'ok' when all three calls succeeded."""
+    after = r.get("after") if r else None
+    if after is None:
+        return "-"
+    if after == "alloc:SUCCESS,launch:SUCCESS,sync:SUCCESS":
+        return "ok"
+    if after == "pending":
+        return "pending (the follow-up died)"
+    return after
+
+
 def report_conform(res, summary):
     cases = []
     for r in res.of("conform"):
@@ -387,9 +412,9 @@ def report_conform(res, summary):
     for (check, _mode, id_) in res.runs:
         if check == "conform" and id_ not in cases:
             cases.append(id_)
-    rows, diffs, by_design = [], [], []
+    rows, diffs, by_design, gaps = [], [], [], []
     for case in cases:
-        codes = []
+        codes, afters = [], []
         for mode in ("none", "shim"):
             r = res.one("conform", mode=mode, case=case)
             if r:
@@ -397,8 +422,12 @@ def report_conform(res, summary):
             else:
                 run_id = case.split(".")[0] if case.endswith(".end_capture") else case
                 codes.append("NO_RESULT(%s)" % res.run_status("conform", mode, run_id))
-        if codes[0] == codes[1]:
+            afters.append(conform_after(r))
+        if codes[0] == codes[1] and afters[0] == afters[1]:
             verdict = "MATCH"
+        elif codes[0] == codes[1]:
+            verdict = "DIFF (afterwards)"
+            diffs.append(case)
         elif CONFORM_BY_DESIGN.get(case) == codes[1]:
             verdict = "DIFF (by design)"
             by_design.append(case)
@@ -407,16 +436,24 @@ def report_conform(res, summary):
             # the shim still knows the handle was released and says so.
             verdict = "DIFF (driver crashes)"
             by_design.append(case)
+        elif case in CONFORM_KNOWN_GAPS:
+            verdict = "DIFF (known shim gap)"
+            diffs.append(case)
+            gaps.append(case)
         else:
             verdict = "DIFF"
             diffs.append(case)
-        rows.append((case, codes[0], codes[1], verdict))
-    table("conformance: return codes on bad input", ("case", "no shim", "shim", ""), rows)
+        rows.append((case, codes[0], codes[1], afters[0], afters[1], verdict))
+    table("conformance: return codes on bad input, and the behaviour afterwards "
+          "(alloc, launch, cuCtxSynchronize; ok = all succeeded)",
+          ("case", "no shim", "shim", "after (no shim)", "after (shim)", ""), rows)
     if by_design:
         print("DIFF (by design): while a capture is live the shim only queues the release, "
               "so the capture stays valid (DESIGN.md, graph capture)")
         print("DIFF (driver crashes): the driver itself dies on the second release of that "
               "handle; the shim answers with an error code instead")
+    for case in gaps:
+        print("DIFF (known shim gap): %s: %s" % (case, CONFORM_KNOWN_GAPS[case]))
     matched = len(cases) - len(diffs) - len(by_design)
     summary.add("conformance", bool(cases) and not diffs, "%d/%d cases match%s%s" % (
         matched, len(cases), ("; %d differ by design or where the driver crashes" % len(by_design)) if by_design else "",
