@@ -5,10 +5,11 @@
 #   scripts/fuzz.sh --build                  only build
 #
 # Targets (tests/fuzz/README.md): fuzz_options (the CUDEFER_* parser),
-# fuzz_api (random call sequences through the shim over the test driver) and
-# fuzz_api_pre125 (the same binary with TESTDRIVER_VERSION=12040: the fence
-# made of per-stream events, for drivers before 12.5). Default: all three,
-# one after the other.
+# fuzz_api (random call sequences through the shim over the test driver, with
+# a 1 MiB device cache) and fuzz_api_pre125 (the same binary with
+# TESTDRIVER_VERSION=12040, the fence made of per-stream events for drivers
+# before 12.5, and CUDEFER_DEVICE_CACHE=0, device frees issued at once).
+# Default: all three, one after the other.
 #
 # Everything goes under build-fuzz/ (or $CUDEFER_FUZZ_BUILD):
 #   libcuda.so.1    the test driver, built with ASan + UBSan
@@ -157,7 +158,11 @@ for target in "${targets[@]}"; do
     case $target in
         fuzz_options) dict=$root/tests/fuzz/options.dict ;;
         fuzz_api) dict= ;;
-        fuzz_api_pre125) binary=fuzz_api; dict=; env=(TESTDRIVER_VERSION=12040) ;;
+        fuzz_api_pre125)
+            binary=fuzz_api
+            dict=
+            env=(TESTDRIVER_VERSION=12040 CUDEFER_DEVICE_CACHE=0)
+            ;;
         *) say "unknown target $target"; status=1; continue ;;
     esac
     corpus=$build/corpus/$target

@@ -1008,9 +1008,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_LOG", "off", 0);
-    /* Small limits, so that the over-the-limit flush runs too. */
+    /* Small limits, so that the over-the-limit flush and the eviction of
+     * cached device blocks run too (scripts/fuzz.sh sets
+     * CUDEFER_DEVICE_CACHE=0 for fuzz_api_pre125: no cache at all). */
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "12", 0);
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
+    setenv("CUDEFER_DEVICE_CACHE", "1M", 0);
     strict = getenv("FUZZ_API_STRICT") && strcmp(getenv("FUZZ_API_STRICT"), "0") != 0;
     if (cuInit(0) != CUDA_SUCCESS) {
         fprintf(stderr, "fuzz_api: cuInit failed\n");
