@@ -32,6 +32,7 @@ struct cd_driver_ops {
     __typeof__(cuDriverGetVersion) *driver_get_version;
     __typeof__(cuCtxGetCurrent) *ctx_get_current;
     __typeof__(cuCtxGetDevice) *ctx_get_device;
+    __typeof__(cuCtxGetApiVersion) *ctx_get_api_version;
     __typeof__(cuCtxPushCurrent_v2) *ctx_push;
     __typeof__(cuCtxPopCurrent_v2) *ctx_pop;
     __typeof__(cuCtxRecordEvent) *ctx_record_event;

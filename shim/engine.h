@@ -73,7 +73,7 @@ void cd_before_register(void *ptr, size_t bytes);
 /* After a registration failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
  * releases every queued unregister (may wait). True when the caller should
  * retry. */
-bool cd_register_failed(CUresult rc);
+bool cd_register_failed(CUresult rc, void *ptr, size_t bytes);
 
 /* --- streams, capture, synchronisation, teardown ------------------------- */
 

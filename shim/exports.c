@@ -206,7 +206,8 @@ EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     ENTER(cuMemAllocManaged);
     CUresult rc;
     uintptr_t again;
-    if (dptr && cd_reuse(CD_MANAGED, bytesize, flags, &again)) {
+    bool valid = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST;
+    if (dptr && valid && cd_reuse(CD_MANAGED, bytesize, flags, &again)) {
         *dptr = (CUdeviceptr)again;
         return CUDA_SUCCESS;
     }
@@ -254,7 +255,10 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int 
     ENTER(cuMemHostAlloc);
     CUresult rc;
     uintptr_t again;
-    if (pp && cd_reuse(CD_HOST, bytesize, Flags, &again)) {
+    /* Only flags the driver accepts: an invalid one gets the driver's error. */
+    bool valid = !(Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                                       CU_MEMHOSTALLOC_WRITECOMBINED));
+    if (pp && valid && cd_reuse(CD_HOST, bytesize, Flags, &again)) {
         *pp = (void *)again;
         return CUDA_SUCCESS;
     }
@@ -270,7 +274,7 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int 
     CUresult rc;                                                            \
     cd_before_register(p, bytesize);                                        \
     ALLOC_CALL(rc, p, bytesize, Flags);                                     \
-    if (cd_register_failed(rc))                                             \
+    if (cd_register_failed(rc, p, bytesize))                                \
         rc = real(p, bytesize, Flags);                                      \
     if (rc == CUDA_SUCCESS)                                                 \
         cd_track(CD_REGISTERED, (uintptr_t)p, bytesize, Flags);                    \

@@ -145,9 +145,12 @@ static void evict_device(struct cd_ctx *cs)
 
 static void queue_deferred(struct cd_ctx *cs, struct cd_record *r)
 {
+    /* Once pushed, r belongs to whoever takes the queue (a flush may
+     * release and free it at once): nothing of it is read after the push. */
+    bool device = r->kind == CD_DEVICE;
     cd_account_deferred(cs, r, +1);
     cd_push(&cs->deferred, r);
-    if (r->kind == CD_DEVICE) {
+    if (device) {
         evict_device(cs);
         return;
     }
@@ -255,6 +258,17 @@ void cd_fence_backlogs(void)
     }
 }
 
+/* Whether the current context, if any, is alive: one the shim knows is;
+ * another one is asked (a call that does not wait). */
+static bool current_context_usable(const struct cd_driver_ops *ops)
+{
+    CUcontext cur = NULL;
+    unsigned version;
+    if (ops->ctx_get_current(&cur) != CUDA_SUCCESS)
+        return false;
+    return !cur || cd_ctx_find(cur) || ops->ctx_get_api_version(cur, &version) == CUDA_SUCCESS;
+}
+
 /* The caller's path of every intercepted release. Never waits for the GPU:
  * registry and event-pool locks are held for a few instructions, and the
  * driver calls (cuCtxGetCurrent, cuCtxRecordEvent, cuStreamWaitEvent,
@@ -265,8 +279,10 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         return false;
     /* No current context is needed: the record names the context, which
      * the scope below makes current (the driver, measured, frees memory
-     * with no current context too). */
-    if (!cd_driver_ops())
+     * with no current context too). A destroyed current context gets the
+     * driver's own answer. */
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (!ops || !current_context_usable(ops))
         return false;
     struct cd_record *r = NULL;
     switch (cd_registry_retire(cls, key, &r)) {

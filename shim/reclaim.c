@@ -22,6 +22,8 @@
 #include "registry.h"
 #include "stats.h"
 
+#include <time.h>
+
 /* Really releases the entries of cs's queue whose kind is in mask, oldest
  * first; with wait_frees, also waits until the device frees in flight are
  * done, so that their memory is back with the driver. MAY WAIT for the GPU.
@@ -125,7 +127,8 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
         return false;
     const struct cd_driver_ops *ops = cd_driver_ops();
     struct cd_ctx *cs = ops ? cd_ctx_current() : NULL;
-    if (!cs || atomic_load(&cs->deferred_entries) == 0)
+    /* An event query during a capture would invalidate it. */
+    if (!cs || atomic_load(&cs->deferred_entries) == 0 || !cd_fence_enter())
         return false;
     /* Taken whole, like a flush (a flush meanwhile finds it empty, and the
      * entries again later); only the first REUSE_SCAN are looked at. */
@@ -141,6 +144,7 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
         *oldest = hit->queue_next;
     }
     cd_push_list(&cs->deferred, list);
+    cd_fence_exit();
     if (!hit)
         return false;
     cd_account_deferred(cs, hit, -1);
@@ -153,19 +157,42 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
     return true;
 }
 
+/* Releases the queued unregisters overlapping [lo, hi). One may be out of
+ * the queue for a moment, in another thread's flush, reuse or eviction: it
+ * is then released there, or put back and released here. MAY WAIT (for
+ * that flush, which may wait for the GPU). Gives up after 10 s. */
+static bool release_overlapping(uintptr_t lo, uintptr_t hi)
+{
+    bool any = false;
+    for (int round = 0; cd_registered_overlap(lo, hi); round++) {
+        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+        if (!cd_registered_overlap(lo, hi))
+            break;
+        if (round == 100000) {
+            cd_log(CD_LOG_ERROR, "a queued unregister of %#lx stays out of reach",
+                   (unsigned long)lo);
+            break;
+        }
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+    }
+    return any;
+}
+
 void cd_before_register(void *ptr, size_t bytes)
 {
     if (!cd_enabled() || cd_registered_pending() == 0)
         return;
-    uintptr_t lo = (uintptr_t)ptr;
-    if (cd_registered_overlap(lo, lo + bytes))
-        flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+    release_overlapping((uintptr_t)ptr, (uintptr_t)ptr + bytes);
 }
 
-bool cd_register_failed(CUresult rc)
+bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
 {
     if (rc != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || !cd_enabled() ||
         cd_registered_pending() == 0)
         return false;
-    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+    /* The range may differ from the queued one only in its pages. */
+    uintptr_t lo = (uintptr_t)ptr & ~(uintptr_t)4095, hi = (uintptr_t)ptr + bytes + 4095;
+    bool any = release_overlapping(lo, hi & ~(uintptr_t)4095);
+    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false) || any;
 }
