@@ -98,6 +98,10 @@ void cd_context_synchronized(CUcontext ctx);
  * May wait for the GPU (as the teardown itself does). */
 void cd_context_teardown(CUcontext ctx);
 
+/* A context the program created: set up now, so that fences cover it
+ * even if nothing is ever allocated in it. */
+void cd_context_created(CUcontext ctx);
+
 /* Primary contexts: the shim counts retains to know the last release. */
 void cd_primary_retained(CUdevice dev, CUcontext ctx);
 /* Before cuDevicePrimaryCtxRelease: tears the context down if this is its

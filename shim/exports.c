@@ -635,14 +635,20 @@ DECLARE_REAL(cuCtxCreate);
 EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate);
-    return real(pctx, flags, dev);
+    CUresult rc = real(pctx, flags, dev);
+    if (rc == CUDA_SUCCESS)
+        cd_context_created(*pctx);
+    return rc;
 }
 
 DECLARE_REAL(cuCtxCreate_v2);
 EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v2);
-    return real(pctx, flags, dev);
+    CUresult rc = real(pctx, flags, dev);
+    if (rc == CUDA_SUCCESS)
+        cd_context_created(*pctx);
+    return rc;
 }
 
 DECLARE_REAL(cuCtxCreate_v3);
@@ -650,7 +656,10 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *par
                                        int numParams, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v3);
-    return real(pctx, paramsArray, numParams, flags, dev);
+    CUresult rc = real(pctx, paramsArray, numParams, flags, dev);
+    if (rc == CUDA_SUCCESS)
+        cd_context_created(*pctx);
+    return rc;
 }
 
 DECLARE_REAL(cuCtxCreate_v4);
@@ -658,7 +667,10 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCr
                                        unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v4);
-    return real(pctx, ctxCreateParams, flags, dev);
+    CUresult rc = real(pctx, ctxCreateParams, flags, dev);
+    if (rc == CUDA_SUCCESS)
+        cd_context_created(*pctx);
+    return rc;
 }
 
 DECLARE_REAL(cuCtxDestroy);

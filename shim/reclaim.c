@@ -52,6 +52,10 @@ static bool flush_context(struct cd_ctx *cs, enum cd_flush_reason why, unsigned 
             keep = r;
             continue;
         }
+        /* The driver's release waits for its own context only; the fence
+         * also covers kernels of other contexts (peer access). */
+        if (r->done)
+            ops->event_synchronize(r->done);
         CUresult rc = cd_backend(r->kind)->release(r);
         if (rc != CUDA_SUCCESS) {
             cd_log(CD_LOG_ERROR, "deferred release of %s %#lx failed with error %d",

@@ -47,6 +47,8 @@ static void settle_queue(struct cd_ctx *cs)
         if (cd_backend(r->kind)->freed_by_context) {
             atomic_fetch_add(&cd_stats.dropped[r->kind], 1);
         } else {
+            if (r->done)
+                cd_driver_ops()->event_synchronize(r->done);
             CUresult rc = cd_backend(r->kind)->release(r);
             atomic_fetch_add(rc == CUDA_SUCCESS ? &cd_stats.released[r->kind]
                                                 : &cd_stats.errors[r->kind], 1);
@@ -104,6 +106,16 @@ void cd_primary_retained(CUdevice dev, CUcontext ctx)
         return;
     atomic_fetch_add(&primaries[dev].refs, 1);
     atomic_store(&primaries[dev].ctx, ctx);
+    cd_context_created(ctx);
+}
+
+void cd_context_created(CUcontext ctx)
+{
+    /* Fences cover the contexts the shim knows; a context in which the
+     * program only launches kernels (from a library loaded with no
+     * context) must be known too. */
+    if (cd_enabled())
+        cd_ctx_get(ctx);
 }
 
 void cd_primary_releasing(CUdevice dev)

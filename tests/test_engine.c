@@ -283,6 +283,49 @@ Test(hazard, writer_in_another_context, .timeout = 10)
     cr_expect_eq(testdrv_faults(), 0, "the free did not wait for the other context's kernel");
 }
 
+/* The other context is one the program only launches in (a kernel from a
+ * library loaded with no context, on its legacy stream): the shim knows it
+ * from its retain. And a flush right after the release, while that kernel
+ * still runs, must wait for it too: the driver's own release waits for its
+ * own context only. Both measured faulting on two H200s before. */
+static void writer_in_unseen_context(bool flush)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    if (!flush)
+        setenv("CUDEFER_DEVICE_CACHE", "0", 1);
+    CUdevice d0, d1;
+    CUcontext a, b;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&d0, 0));
+    CU_OK(cuDeviceGet(&d1, 1));
+    CU_OK(cuDevicePrimaryCtxRetain(&a, d0));
+    CU_OK(cuDevicePrimaryCtxRetain(&b, d1));
+    CU_OK(cuCtxSetCurrent(a));
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(testdrv_launch(CU_STREAM_LEGACY, 200000, buf, 1 << 20, TESTDRV_WRITE));
+    CU_OK(cuCtxSetCurrent(a));
+    usleep(10000);
+    CU_OK(cuMemFree(buf));
+    if (flush)
+        cr_expect_eq(cudefer_flush(), 0);
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "the release did not wait for the other context's kernel");
+}
+
+Test(hazard, writer_in_a_context_with_no_allocation, .timeout = 10)
+{
+    writer_in_unseen_context(false);
+}
+
+Test(hazard, flush_while_another_context_writes, .timeout = 10)
+{
+    writer_in_unseen_context(true);
+}
+
 /* ---- the kernel that waits for the host ---------------------------------- */
 
 Test(hazard, kernel_waiting_for_the_releasing_thread_completes, .timeout = 10)
