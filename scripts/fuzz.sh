@@ -171,6 +171,9 @@ for target in "${targets[@]}"; do
     args=(-max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1
           -artifact_prefix="$crashes/")
     [[ -n $dict ]] && args+=(-dict="$dict")
+    # A call sequence is at most 64 operations of a few bytes: long inputs
+    # from the start, rather than libFuzzer's slowly growing length limit.
+    [[ $binary == fuzz_api ]] && args+=(-max_len=320 -len_control=0)
     if ((${FUZZ_JOBS:-1} > 1)); then
         args+=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS")
     fi

@@ -38,12 +38,13 @@
  * The harness stays inside what cudefer promises (README): stream captures
  * use the relaxed mode and end before their stream or context goes; a
  * kernel that touches another context's memory runs in a context the shim
- * knows (it allocated or made a stream there); before a context is torn
- * down, the other contexts whose kernels used its memory are synchronised
- * (the driver would free it under them, with or without cudefer); before
- * driver 12.5 (TESTDRIVER_VERSION=12040) such kernels run on streams the
- * program created and no kernel that touches memory runs on a per-thread
- * default stream (the fallback fence does not cover those).
+ * knows (created or retained through it, or one it allocated or made a
+ * stream in); before a context is torn down, the other contexts whose
+ * kernels used its memory are synchronised (the driver would free it under
+ * them, with or without cudefer); before driver 12.5
+ * (TESTDRIVER_VERSION=12040) such kernels run on streams the program
+ * created and no kernel that touches memory runs on a per-thread default
+ * stream (the fallback fence does not cover those).
  *
  * Divergences known and reported (docs: tests/fuzz/README.md) are counted
  * and printed at exit rather than aborting; FUZZ_API_STRICT=1 makes them
@@ -334,7 +335,8 @@ static void op_ctx_create(struct input *in)
         return;
     CUcontext h;
     expect_rc("cuCtxCreate", cuCtxCreate(&h, NULL, 0, (CUdevice)dev), CUDA_SUCCESS);
-    ctxs[slot] = (struct mctx){.h = h, .dev = dev, .exists = true, .alive = true};
+    /* The shim sets a context up when it is created (or retained). */
+    ctxs[slot] = (struct mctx){.h = h, .dev = dev, .exists = true, .alive = true, .known = true};
 }
 
 static void op_ctx_destroy(struct input *in)
@@ -405,7 +407,7 @@ static void op_primary(struct input *in)
             FAIL("the primary context of device %d changed handle", dev);
         if (!c->alive)
             *c = (struct mctx){.h = h, .dev = dev, .primary = true, .exists = true,
-                               .alive = true};
+                               .alive = true, .known = true};
         prim_refs[dev]++;
         if (b & 0x80)
             expect_rc("cuCtxSetCurrent", cuCtxSetCurrent(h), CUDA_SUCCESS);
