@@ -386,13 +386,20 @@ TD_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 
 /* cuCtxSynchronize: waits for all work submitted so far in the context,
  * on every stream, then gives back the stream-ordered frees it covered.
- * Returns the context's sticky error if it has (or gets) one. */
+ * Returns the context's sticky error if it has (or gets) one. A destroyed
+ * context named by cuCtxSynchronize_v2 is CUDA_ERROR_CONTEXT_IS_DESTROYED
+ * (measured on an H200, driver 580.159.04, 2026-11-29: tests/gpu/conform.c
+ * cuCtxSynchronize_v2(destroyed_context)). */
 static CUresult ctx_synchronize(CUcontext h)
 {
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
+    struct td_ctx *c = h ? (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX) : NULL;
+    if (c && !c->alive) {
+        td_dead_call();
+        return td_leave(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    }
     if ((rc = td_ctx_arg(h, &c)) != CUDA_SUCCESS)
         return td_leave(rc);
     td_note_wait_call();

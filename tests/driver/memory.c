@@ -549,7 +549,7 @@ TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
  * current context needed (a guess by analogy with cuMemFree). NULL is
  * CUDA_SUCCESS, free(NULL) semantics (measured on an RTX 4090, driver
  * 590.48.01, by lupinemachines/lupine#850; cudaFreeHost(NULL) forwards it;
- * to be confirmed by tests/gpu/conform.c). */
+ * and on an H200, driver 580.159.04, 2026-11-29, by tests/gpu/conform.c). */
 TD_EXPORT CUresult cuMemFreeHost(void *p)
 {
     TD_COUNT(cuMemFreeHost);
@@ -570,9 +570,13 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
 }
 
 /* cuMemHostUnregister: p must be the base of a registration; no current
- * context needed (a guess by analogy with cuMemFree). NULL is
- * CUDA_ERROR_INVALID_VALUE (measured on an RTX 4090, driver 590.48.01, by
- * lupinemachines/lupine#858; to be confirmed by tests/gpu/conform.c). */
+ * context needed (a guess by analogy with cuMemFree). Measured on an H200,
+ * driver 580.159.04, 2026-11-29 (tests/gpu/conform.c): NULL is
+ * CUDA_ERROR_INVALID_VALUE (as on an RTX 4090, lupinemachines/lupine#858);
+ * so is an address the driver knows that is not the base of a
+ * registration: inside a registration, pinned by cuMemAllocHost, device
+ * memory. Only an address of no allocation (never registered, or
+ * unregistered already) is CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED. */
 TD_EXPORT CUresult cuMemHostUnregister(void *p)
 {
     TD_COUNT(cuMemHostUnregister);
@@ -585,9 +589,13 @@ TD_EXPORT CUresult cuMemHostUnregister(void *p)
     if (!p)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a = td_alloc_at((uintptr_t)p);
-    if (!a || a->busy || a->kind != TESTDRV_REGISTERED)
-        return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
-    return td_leave(release_wait_and_free(a, c));
+    if (a && a->kind == TESTDRV_REGISTERED && !a->busy)
+        return td_leave(release_wait_and_free(a, c));
+    if (a && a->kind == TESTDRV_REGISTERED) /* its unregister is under way */
+        return td_leave(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    if (td_alloc_covering((uintptr_t)p, 0))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
 }
 
 /* ------------------------------------------------------------------ */

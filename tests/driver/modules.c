@@ -131,7 +131,11 @@ TD_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
 }
 
 /* cuModuleUnload: waits for all streams of the module's context (no
- * launch lock). Modules owned by a library cannot be unloaded alone. */
+ * launch lock). Modules owned by a library cannot be unloaded alone. A
+ * module of a destroyed context is an unknown handle: INVALID_HANDLE
+ * (measured on an H200, driver 580.159.04, 2026-11-29: tests/gpu/conform.c
+ * cuModuleUnload(after_ctx_destroy)); the call is still counted as one
+ * naming a dead context. */
 TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
 {
     TD_COUNT(cuModuleUnload);
@@ -142,9 +146,10 @@ TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     struct td_ctx *c;
     struct td_obj *o;
     if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS ||
-        (rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
+        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
         return td_leave(rc);
+    if ((rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
+        return td_leave(rc == CUDA_ERROR_INVALID_CONTEXT ? CUDA_ERROR_INVALID_HANDLE : rc);
     struct td_module *m = (struct td_module *)o;
     if (m->lib)
         return td_leave(CUDA_ERROR_INVALID_HANDLE);
