@@ -289,6 +289,13 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     case CD_NOT_FOUND:
         atomic_fetch_add(&cd_stats.passed[cls], 1);
         return false;
+    case CD_WAS_TORN:
+        /* Its context is gone, and the object with it: the driver, given
+         * the dead handle, may crash (arrays, libraries). */
+        cd_log(CD_LOG_DEBUG, "%s %#lx released after its context's destruction",
+               cd_backend(cls)->name, (unsigned long)key);
+        *rc = cd_backend(cls)->double_release;
+        return true;
     case CD_ALREADY_RETIRED:
         cd_log(CD_LOG_DEBUG, "%s %#lx released twice", cd_backend(cls)->name, (unsigned long)key);
         *rc = cd_backend(cls)->double_release;

@@ -2,6 +2,7 @@
 #include "registry.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define SHARDS 64
@@ -13,6 +14,11 @@ struct shard {
 };
 
 static struct shard shards[SHARDS];
+
+/* Torn records kept at most: a program that leaks objects in contexts it
+ * destroys must not make the registry grow without end. */
+#define MAX_TORN 65536
+static _Atomic long torn_count;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void init_locks(void)
@@ -66,7 +72,9 @@ void cd_registry_insert(struct cd_record *r)
         struct cd_record *old = *link;
         *link = old->hash_next;
         old->linked = false;
-        if (old->state == CD_LIVE)
+        if (old->state == CD_TORN)
+            atomic_fetch_sub(&torn_count, 1);
+        if (old->state != CD_RETIRED)
             stale = old;
     }
     r->state = CD_LIVE;
@@ -83,8 +91,14 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     struct shard *s = shard_of(h);
     enum cd_retire_result res = CD_NOT_FOUND;
     pthread_mutex_lock(&s->lock);
-    struct cd_record *r = *find(slot_of(s, h), cls, key);
-    if (r && r->state == CD_RETIRED) {
+    struct cd_record **link = find(slot_of(s, h), cls, key);
+    struct cd_record *r = *link, *gone = NULL;
+    if (r && r->state == CD_TORN) {
+        *link = r->hash_next;
+        gone = r;
+        atomic_fetch_sub(&torn_count, 1);
+        res = CD_WAS_TORN;
+    } else if (r && r->state == CD_RETIRED) {
         res = CD_ALREADY_RETIRED;
     } else if (r) {
         r->state = CD_RETIRED;
@@ -92,6 +106,7 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
         res = CD_RETIRED_NOW;
     }
     pthread_mutex_unlock(&s->lock);
+    free(gone);
     return res;
 }
 
@@ -121,7 +136,7 @@ void cd_registry_remove(struct cd_record *r)
     pthread_mutex_unlock(&s->lock);
 }
 
-void cd_registry_drop_context(struct cd_ctx *ctx)
+void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind))
 {
     for (int i = 0; i < SHARDS; i++) {
         struct shard *s = shard_of((uint64_t)i);
@@ -132,6 +147,13 @@ void cd_registry_drop_context(struct cd_ctx *ctx)
             while (*link) {
                 struct cd_record *r = *link;
                 if (r->ctx != ctx) {
+                    link = &r->hash_next;
+                    continue;
+                }
+                if (r->state == CD_LIVE && torn(r->kind) &&
+                    atomic_fetch_add(&torn_count, 1) < MAX_TORN) {
+                    r->state = CD_TORN;
+                    r->ctx = NULL;
                     link = &r->hash_next;
                     continue;
                 }
@@ -168,6 +190,7 @@ size_t cd_registry_count(enum cd_kind kind, int state)
 
 void cd_registry_reset(void)
 {
+    atomic_store(&torn_count, 0);
     for (int i = 0; i < SHARDS; i++) {
         pthread_mutex_init(&shards[i].lock, NULL);
         for (int b = 0; b < BUCKETS; b++)

@@ -15,7 +15,10 @@
 
 struct cd_ctx;
 
-enum cd_record_state { CD_LIVE, CD_RETIRED };
+/* TORN: freed by its context's destruction, which the program may not know;
+ * a release of it gets the driver's answer for a handle already released,
+ * without the dead handle reaching the driver. */
+enum cd_record_state { CD_LIVE, CD_RETIRED, CD_TORN };
 
 struct cd_record {
     struct cd_record *hash_next;  /* registry chain, under the shard lock */
@@ -30,7 +33,7 @@ struct cd_record {
     bool linked;                  /* in the registry; under the shard lock */
 };
 
-enum cd_retire_result { CD_NOT_FOUND, CD_ALREADY_RETIRED, CD_RETIRED_NOW };
+enum cd_retire_result { CD_NOT_FOUND, CD_ALREADY_RETIRED, CD_RETIRED_NOW, CD_WAS_TORN };
 
 /* The lookup class of a kind: managed memory shares device addresses. */
 enum cd_kind cd_kind_class(enum cd_kind kind);
@@ -51,9 +54,11 @@ void cd_registry_unretire(struct cd_record *r);
 /* Unlinks r if it is still linked. The caller owns r afterwards. */
 void cd_registry_remove(struct cd_record *r);
 
-/* Unlinks every record of ctx; LIVE ones are freed (the context's teardown
- * frees their memory), RETIRED ones stay owned by their queues. */
-void cd_registry_drop_context(struct cd_ctx *ctx);
+/* Unlinks every record of ctx, except LIVE ones for which torn(kind) says
+ * the context's destruction frees the object: those stay, TORN, with no
+ * context (up to a bound; past it they are freed like the others). Other
+ * LIVE records are freed; RETIRED ones stay owned by their queues. */
+void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind));
 
 /* Live records of a kind (for statistics and tests). */
 size_t cd_registry_count(enum cd_kind kind, int state);

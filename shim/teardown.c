@@ -60,6 +60,11 @@ static void settle_queue(struct cd_ctx *cs)
     }
 }
 
+static bool freed_by_context(enum cd_kind kind)
+{
+    return cd_backend(kind)->freed_by_context;
+}
+
 void cd_context_teardown(CUcontext ctx)
 {
     struct cd_ctx *cs = cd_ctx_find(ctx);
@@ -87,7 +92,7 @@ void cd_context_teardown(CUcontext ctx)
     }
     forget_frees(cs, cd_take_all(&cs->inflight));
     settle_queue(cs);
-    cd_registry_drop_context(cs);
+    cd_registry_drop_context(cs, freed_by_context);
     cd_ctx_release_slot(cs);
     cd_scope_leave(&sc);
     cd_log(CD_LOG_INFO, "context %p torn down", (void *)ctx);
