@@ -930,3 +930,67 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     CU_OK(cuMemAlloc(&q, 512 << 10));
     cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
 }
+
+/* ---- out-of-memory storms ------------------------------------------------ */
+
+struct storm {
+    CUcontext ctx;
+    atomic_int oom, other;
+};
+
+static void *storm_thread(void *arg)
+{
+    struct storm *st = arg;
+    cuCtxSetCurrent(st->ctx);
+    CUstream s;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        atomic_fetch_add(&st->other, 1);
+        return NULL;
+    }
+    for (int i = 0; i < 40; i++) {
+        CUdeviceptr p;
+        void *h;
+        CUresult rc = cuMemAlloc(&p, (24 + i % 8) << 20);
+        if (rc == CUDA_SUCCESS) {
+            testdrv_launch(s, 200, p, 4096, TESTDRV_WRITE);
+            if (cuMemFree(p) != CUDA_SUCCESS)
+                atomic_fetch_add(&st->other, 1);
+        } else {
+            atomic_fetch_add(rc == CUDA_ERROR_OUT_OF_MEMORY ? &st->oom : &st->other, 1);
+        }
+        rc = cuMemAllocHost(&h, (6 + i % 4) << 20);
+        if (rc == CUDA_SUCCESS) {
+            if (cuMemFreeHost(h) != CUDA_SUCCESS)
+                atomic_fetch_add(&st->other, 1);
+        } else {
+            atomic_fetch_add(rc == CUDA_ERROR_OUT_OF_MEMORY ? &st->oom : &st->other, 1);
+        }
+    }
+    cuStreamDestroy(s);
+    return NULL;
+}
+
+/* Eight threads keep allocating blocks of a device (and pinned host memory)
+ * that holds only a few of them at once, freeing each at once: flushes and
+ * retries from several threads at the same time neither crash, nor hang,
+ * nor fail with anything but out-of-memory, and nothing is left over. */
+Test(oom, storm_from_several_threads, .timeout = 60)
+{
+    setenv("TESTDRIVER_DEVICE_BYTES", "134217728", 1);
+    setenv("TESTDRIVER_HOST_BYTES", "67108864", 1);
+    struct storm st = {.ctx = test_context()};
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, storm_thread, &st);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    cr_expect_eq(atomic_load(&st.other), 0, "a call failed with something else than OOM");
+    /* 8 threads x 31 MiB at most fit in 128 MiB only with frees returned
+     * promptly; some OOM under the storm is allowed, most must succeed. */
+    cr_expect_lt(atomic_load(&st.oom), 8 * 40, "every allocation failed");
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
