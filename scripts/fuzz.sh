@@ -71,6 +71,7 @@ fi
 mkdir -p "$build/obj/shim" "$build/obj/driver" "$build/logs"
 common=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Wall -Wextra
         -fvisibility=hidden -I"$cuda/include" -I"$root/include")
+# shellcheck disable=SC2054 # the commas belong to -fsanitize's value
 sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all)
 
 # Compiles each source into DIR/NAME.o with the extra flags of the array named
@@ -102,12 +103,14 @@ build_all() {
     # The shim: every source of shim/ (shim/meson.build lists them all).
     shim_srcs=("$root"/shim/*.c)
 
-    local driver_flags=("${sanitize[@]}" -Wno-unused-parameter)
+    # shellcheck disable=SC2034 # used through compile's nameref
+    local driver_flags=("${sanitize[@]}")
     mapfile -t objs < <(compile "$build/obj/driver" driver_flags "${driver_srcs[@]}") || return 1
     ((${#objs[@]} == ${#driver_srcs[@]})) || return 1
     "$cc" -shared -Wl,-soname,libcuda.so.1 "${sanitize[@]}" \
         -o "$build/libcuda.so.1" "${objs[@]}" -lpthread -lm || return 1
 
+    # shellcheck disable=SC2034 # used through compile's nameref
     local shim_flags=("${sanitize[@]}" -fsanitize=fuzzer-no-link)
     mapfile -t objs < <(compile "$build/obj/shim" shim_flags "${shim_srcs[@]}") || return 1
     ((${#objs[@]} == ${#shim_srcs[@]})) || return 1
