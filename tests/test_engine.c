@@ -447,7 +447,48 @@ static CUresult alloc_vmm(size_t n)
     return cuMemCreate(&h, n, &prop, 0);
 }
 
+static CUresult alloc_from_pool(size_t n)
+{
+    CUdeviceptr p;
+    CUmemoryPool pool;
+    CUresult rc = cuDeviceGetDefaultMemPool(&pool, 0);
+    return rc ? rc : cuMemAllocFromPoolAsync(&p, n, pool, 0);
+}
+static CUresult alloc_mipmapped(size_t n)
+{
+    CUmipmappedArray a;
+    CUDA_ARRAY3D_DESCRIPTOR d = {.Width = n / 4096, .Height = 1024, .Depth = 0,
+                                 .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    return cuMipmappedArrayCreate(&a, &d, 1);
+}
+
 Test(oom, cuMemAlloc, .timeout = 10) { device_oom_retry(alloc_device, "cuMemAlloc_v2"); }
+Test(oom, cuMemAllocFromPoolAsync, .timeout = 10)
+{
+    device_oom_retry(alloc_from_pool, "cuMemAllocFromPoolAsync");
+}
+Test(oom, cuMipmappedArrayCreate, .timeout = 10)
+{
+    device_oom_retry(alloc_mipmapped, "cuMipmappedArrayCreate");
+}
+
+/* Registrations count against pinned memory: queued pinned memory goes
+ * first, then the registration is retried. */
+Test(oom, cuMemHostRegister, .timeout = 10)
+{
+    setenv("TESTDRIVER_HOST_BYTES", "67108864", 1);
+    test_context();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 48 << 20));
+    CU_OK(cuMemFreeHost(h));
+    char *mem = aligned_alloc(4096, 40 << 20);
+    uint64_t before = testdrv_calls("cuMemHostRegister_v2");
+    cr_expect_eq(cuMemHostRegister(mem, 40 << 20, 0), CUDA_SUCCESS);
+    cr_expect_eq(testdrv_calls("cuMemHostRegister_v2"), before + 2);
+    CU_OK(cuMemHostUnregister(mem));
+    CU_OK(cuCtxSynchronize());
+    free(mem);
+}
 Test(oom, cuMemAllocPitch, .timeout = 10) { device_oom_retry(alloc_pitch, "cuMemAllocPitch_v2"); }
 Test(oom, cuMemAllocManaged, .timeout = 10) { device_oom_retry(alloc_managed, "cuMemAllocManaged"); }
 Test(oom, cuMemAllocAsync, .timeout = 10) { device_oom_retry(alloc_async, "cuMemAllocAsync"); }
