@@ -28,7 +28,12 @@ static _Atomic int fences_active;
 static pthread_mutex_t capturing_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define MAX_CAPTURES 256
-static CUstream capturing[MAX_CAPTURES];
+/* The capturing streams, with their contexts: a capture also ends when its
+ * stream or its context is destroyed. */
+static struct {
+    CUstream stream;
+    CUcontext ctx;
+} capturing[MAX_CAPTURES];
 static size_t ncapturing;
 
 bool cd_fence_enter(void)
@@ -64,30 +69,60 @@ void cd_capture_begun(CUstream stream, CUresult rc)
         capture_done();
         return;
     }
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUcontext ctx = NULL;
+    if (ops)
+        ops->ctx_get_current(&ctx);
     pthread_mutex_lock(&capturing_lock);
     bool kept = ncapturing < MAX_CAPTURES;
-    if (kept)
-        capturing[ncapturing++] = stream;
+    if (kept) {
+        capturing[ncapturing].stream = stream;
+        capturing[ncapturing++].ctx = ctx;
+    }
     pthread_mutex_unlock(&capturing_lock);
     if (!kept)
         cd_log(CD_LOG_ERROR, "more than %d live captures: releases stay queued until a flush",
                MAX_CAPTURES);
 }
 
-void cd_capture_ended(CUstream stream, CUresult rc)
+/* Forgets the captures of stream (or, with stream NULL, of every stream of
+ * ctx); each one forgotten ends. */
+static void forget(CUstream stream, CUcontext ctx)
 {
-    (void)rc; /* an invalidated capture has ended too */
-    bool found = false;
+    int ended = 0;
     pthread_mutex_lock(&capturing_lock);
-    for (size_t i = 0; i < ncapturing && !found; i++) {
-        if (capturing[i] == stream) {
+    for (size_t i = 0; i < ncapturing;) {
+        bool match = stream ? capturing[i].stream == stream : capturing[i].ctx == ctx;
+        if (match && (stream || ctx)) {
             capturing[i] = capturing[--ncapturing];
-            found = true;
+            ended++;
+            if (stream)
+                break;
+        } else {
+            i++;
         }
     }
     pthread_mutex_unlock(&capturing_lock);
-    if (found)
+    while (ended--)
         capture_done();
+}
+
+void cd_capture_ended(CUstream stream, CUresult rc)
+{
+    (void)rc; /* an invalidated capture has ended too */
+    forget(stream, NULL);
+}
+
+void cd_capture_stream_gone(CUstream stream)
+{
+    if (stream)
+        forget(stream, NULL);
+}
+
+void cd_capture_context_gone(CUcontext ctx)
+{
+    if (ctx)
+        forget(NULL, ctx);
 }
 
 void cd_capture_reset(void)

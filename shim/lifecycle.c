@@ -420,6 +420,7 @@ void cd_stream_created(CUstream stream)
 
 void cd_stream_destroying(CUstream stream)
 {
+    cd_capture_stream_gone(stream);
     struct cd_ctx *cs = cd_enabled() ? context_of(stream, false) : NULL;
     if (cs)
         cd_ctx_stream_remove(cs, stream);

@@ -9,6 +9,7 @@
 
 #include "engine.h"
 
+#include <cuda.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -41,6 +42,9 @@ void cd_fence_backlogs(void);
 bool cd_fence_enter(void); /* false while a capture is live */
 void cd_fence_exit(void);
 void cd_capture_reset(void);
+/* A capture also ends when its stream or its context is destroyed. */
+void cd_capture_stream_gone(CUstream stream);
+void cd_capture_context_gone(CUcontext ctx);
 
 /* waiter.c: starts the waiter thread and the exit handler, once per process
  * (again in a forked child); called when the first context is set up. */

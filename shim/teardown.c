@@ -67,6 +67,7 @@ static bool freed_by_context(enum cd_kind kind)
 
 void cd_context_teardown(CUcontext ctx)
 {
+    cd_capture_context_gone(ctx);
     struct cd_ctx *cs = cd_ctx_find(ctx);
     if (!cs)
         return;

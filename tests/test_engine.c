@@ -1035,3 +1035,20 @@ Test(oom, storm_from_several_threads, .timeout = 60)
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
+
+/* A capture also ends when its stream is destroyed: releases are fenced
+ * again at once, not left queued until the next flush. */
+Test(capture, ends_with_its_stream, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "0", 1);
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    cuStreamDestroy(s); /* whatever the driver answers, the capture is over */
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, 4096));
+    uint64_t frees = testdrv_calls("cuMemFreeAsync");
+    CU_OK(cuMemFree(p));
+    cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 1,
+                 "the release stayed queued as if the capture were live");
+}
