@@ -100,9 +100,23 @@ static const char *op_name = "";
 
 static bool strict;
 
+/* FUZZ_API_TRACE=FILE: each input's operations, written to FILE (rewritten
+ * for every input), to see what led to a failure that needs the state of
+ * earlier inputs to show. */
+static FILE *trace;
+static const char *trace_path;
+#define TRACE(...)                                                                 \
+    do {                                                                           \
+        if (trace) {                                                               \
+            fprintf(trace, __VA_ARGS__);                                           \
+            fputc('\n', trace);                                                   \
+            fflush(trace);                                                         \
+        }                                                                          \
+    } while (0)
+
 /* Known divergences, by name: counted, printed at exit. */
 enum known { KNOWN_NO_CONTEXT, KNOWN_DEAD_CONTEXT, KNOWN_TORN_HANDLE, KNOWN_DEFERRED_KNOWN,
-             KNOWN_COUNT };
+             KNOWN_LIBRARY_TWICE, KNOWN_COUNT };
 static const char *const known_names[KNOWN_COUNT] = {
     "array/module release with no current context: the shim answers, the driver says "
     "CUDA_ERROR_INVALID_CONTEXT",
@@ -113,6 +127,9 @@ static const char *const known_names[KNOWN_COUNT] = {
     "cuMemHostUnregister of an address in memory released but still deferred: the driver "
     "still knows it, CUDA_ERROR_INVALID_VALUE instead of "
     "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+    "second cuLibraryUnload while the current context is destroyed: passed to the driver, "
+    "which unloads the library behind the deferred unload and answers CUDA_SUCCESS instead "
+    "of CUDA_ERROR_INVALID_HANDLE",
 };
 static unsigned long known_seen[KNOWN_COUNT];
 
@@ -276,6 +293,7 @@ static void add_obj(enum mkind kind, uintptr_t key, size_t bytes, int ctx, bool 
     if (nobjs == MAX_OBJS)
         FAIL("harness: too many objects");
     objs[nobjs++] = (struct mobj){kind, key, bytes, ctx, LIVE, readonly};
+    TRACE("  new %s %#lx bytes %zu ctx %d", kind_names[kind], (unsigned long)key, bytes, ctx);
     if (ctx >= 0)
         ctxs[ctx].known = true;
 }
@@ -318,6 +336,7 @@ static void before_teardown(int c)
 /* The model's side of a context teardown. */
 static void torn_down(int c)
 {
+    TRACE("  context %d torn down", c);
     ctxs[c].alive = false;
     ctxs[c].known = false;
     ctxs[c].used_memory_of = 0;
@@ -826,6 +845,9 @@ static CUresult model_release(enum rcall call, uintptr_t key, int *known)
         *known = KNOWN_NO_CONTEXT;
         return CUDA_ERROR_INVALID_CONTEXT;
     }
+    if (cur == CUR_DEAD && call == R_LIBRARY && any && any->kind == K_LIBRARY &&
+        any->state == RELEASED)
+        *known = KNOWN_LIBRARY_TWICE;
     switch (call) {
     case R_FREE:
     case R_FREE_HOST:
@@ -892,6 +914,8 @@ static bool known_answer(int known, CUresult got, enum rcall call, struct mobj *
         return got == CUDA_ERROR_INVALID_CONTEXT;
     case KNOWN_DEFERRED_KNOWN:
         return got == CUDA_ERROR_INVALID_VALUE;
+    case KNOWN_LIBRARY_TWICE:
+        return got == CUDA_SUCCESS;
     }
     return false;
 }
@@ -923,6 +947,8 @@ static void op_release(struct input *in)
     int known;
     CUresult want = model_release(call, key, &known);
     CUresult got = do_release(call, key);
+    TRACE("  %s(%#lx) -> %d (model %d%s)", rcall_names[call], (unsigned long)key, (int)got,
+          (int)want, known >= 0 ? ", known" : "");
     if (got == want)
         return;
     /* model_release changes nothing when it reports a known divergence. */
@@ -1040,6 +1066,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
     setenv("CUDEFER_DEVICE_CACHE", "1M", 0);
     strict = getenv("FUZZ_API_STRICT") && strcmp(getenv("FUZZ_API_STRICT"), "0") != 0;
+    trace_path = getenv("FUZZ_API_TRACE");
     if (cuInit(0) != CUDA_SUCCESS) {
         fprintf(stderr, "fuzz_api: cuInit failed\n");
         exit(2);
@@ -1067,6 +1094,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     touched_dead = false;
     dead_calls_before = testdrv_dead_context_calls();
+    if (trace_path) {
+        if (trace)
+            fclose(trace);
+        trace = fopen(trace_path, "w");
+    }
     device_capacity = (size_t)(u8(&in) % 32 + 1) << 20;
     host_capacity = (size_t)(u8(&in) % 32 + 1) << 20;
     testdrv_set_device_capacity(device_capacity);
@@ -1100,6 +1132,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (op_index = 0; in.n && op_index < 64; op_index++) {
         unsigned b = u8(&in) % (sizeof ops / sizeof ops[0]);
         op_name = ops[b].name;
+        {
+            int cur_slot;
+            enum cur cur = current(&cur_slot);
+            TRACE("op %d %s (current: %d%s)", op_index, op_name, cur_slot,
+                  cur == CUR_DEAD ? " dead" : "");
+            /* Any call made meanwhile may name it: the shim asks the driver
+             * whether the current context lives before it answers. */
+            if (cur == CUR_DEAD)
+                touched_dead = true;
+        }
         ops[b].fn(&in);
         check_always();
     }
