@@ -189,6 +189,8 @@ for target in "${targets[@]}"; do
     took=$((SECONDS - start))
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$tlog" | tail -1)
     last=$(grep -E '^#[0-9]+' "$tlog" | tail -1)
+    # Fork mode (-fork=N) prints no stat:: lines: the last "#N:" line then.
+    [[ -n $runs ]] || runs=$(sed -n 's/^#\([0-9]*\).*/\1/p' <<<"$last")
     cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
     ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
     files=$(find "$corpus" -type f | wc -l)
