@@ -206,7 +206,10 @@ struct mstream {
 static struct mstream streams[MAX_STREAMS];
 static int nstreams;
 
-/* Host memory the program registers: a fresh mapping per input. */
+/* Host memory the program registers: one mapping for the whole process. (A
+ * fresh one per input would let the kernel hand the range out again to the
+ * test driver's pinned memory, which the driver's record of ranges freed by
+ * context teardowns would then count as a destroyed context's.) */
 #define REG_PAGES 32
 #define PAGE 4096
 static uint8_t *reg_arena;
@@ -1074,6 +1077,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     int version = 0;
     cuDriverGetVersion(&version);
     pre125 = version < 12050;
+    reg_arena = mmap(NULL, REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (reg_arena == MAP_FAILED) {
+        fprintf(stderr, "fuzz_api: mmap failed\n");
+        exit(2);
+    }
     atexit(known_report);
     return 0;
 }
@@ -1103,10 +1112,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     host_capacity = (size_t)(u8(&in) % 32 + 1) << 20;
     testdrv_set_device_capacity(device_capacity);
     testdrv_set_host_capacity(host_capacity);
-    reg_arena = mmap(NULL, REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (reg_arena == MAP_FAILED)
-        FAIL("harness: mmap failed");
 
     /* Start in a fresh user context, as most programs do. */
     op_index = -1;
@@ -1146,6 +1151,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_always();
     }
     finish_input();
-    munmap(reg_arena, REG_PAGES * PAGE);
     return 0;
 }
