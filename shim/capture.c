@@ -71,7 +71,10 @@ void cd_capture_begun(CUstream stream, CUresult rc)
     }
     const struct cd_driver_ops *ops = cd_driver_ops();
     CUcontext ctx = NULL;
-    if (ops)
+    /* The stream's own context; the current one only for the default
+     * stream handles, which name no stream object. */
+    if (ops && (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
+                ops->stream_get_ctx(stream, &ctx) != CUDA_SUCCESS))
         ops->ctx_get_current(&ctx);
     pthread_mutex_lock(&capturing_lock);
     bool kept = ncapturing < MAX_CAPTURES;

@@ -282,7 +282,8 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
      * with no current context too). A destroyed current context gets the
      * driver's own answer. */
     const struct cd_driver_ops *ops = cd_driver_ops();
-    if (!ops || !current_context_usable(ops))
+    /* cuLibraryUnload needs no context at all. */
+    if (!ops || (cls != CD_LIBRARY && !current_context_usable(ops)))
         return false;
     struct cd_record *r = NULL;
     switch (cd_registry_retire(cls, key, &r)) {
