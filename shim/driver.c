@@ -93,6 +93,7 @@ static const struct op_name op_names[] = {
     OP(mem_alloc, "cuMemAlloc_v2", false),
     OP(mem_free_async, "cuMemFreeAsync", false),
     OP(exchange_capture_mode, "cuThreadExchangeStreamCaptureMode", false),
+    OP(pointer_get_attribute, "cuPointerGetAttribute", true),
     OP(mem_free, "cuMemFree_v2", false),
     OP(mem_free_host, "cuMemFreeHost", false),
     OP(mem_host_unregister, "cuMemHostUnregister", false),

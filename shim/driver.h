@@ -49,6 +49,7 @@ struct cd_driver_ops {
     __typeof__(cuMemAlloc_v2) *mem_alloc;
     __typeof__(cuMemFreeAsync) *mem_free_async;
     __typeof__(cuThreadExchangeStreamCaptureMode) *exchange_capture_mode;
+    __typeof__(cuPointerGetAttribute) *pointer_get_attribute;
     /* The releases that may wait for the GPU: called only at flush points. */
     __typeof__(cuMemFree_v2) *mem_free;
     __typeof__(cuMemFreeHost) *mem_free_host;

@@ -41,6 +41,13 @@ bool cd_release_mipmapped(CUmipmappedArray array, CUresult *rc);
 bool cd_release_module(CUmodule module, CUresult *rc);
 bool cd_release_library(CUlibrary library, CUresult *rc);
 
+/* The answer to cuMemHostUnregister(ptr) given the driver's answer rc: an
+ * address the driver still knows only because the shim holds the block the
+ * program released around it gets the code for an address the driver does
+ * not know (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) instead of
+ * CUDA_ERROR_INVALID_VALUE. Does not wait. */
+CUresult cd_unregister_answer(void *ptr, CUresult rc);
+
 /* --- allocations --------------------------------------------------------- */
 
 /* Called before an allocating call: when the current context's deferred

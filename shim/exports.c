@@ -76,7 +76,7 @@ EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p)
     CUresult rc;
     if (cd_release_registered(p, &rc))
         return rc;
-    return real(p);
+    return cd_unregister_answer(p, real(p));
 }
 
 DECLARE_REAL(cuArrayDestroy);

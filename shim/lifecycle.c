@@ -383,6 +383,22 @@ bool cd_release_library(CUlibrary library, CUresult *rc)
     return library && retire(CD_LIBRARY, (uintptr_t)library, rc);
 }
 
+CUresult cd_unregister_answer(void *ptr, CUresult rc)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUdeviceptr base = 0;
+    if (rc != CUDA_ERROR_INVALID_VALUE || !ptr || !cd_enabled() || !ops ||
+        !ops->pointer_get_attribute ||
+        ops->pointer_get_attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        return rc;
+    static const enum cd_kind classes[] = {CD_DEVICE, CD_HOST, CD_REGISTERED};
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
+        if (cd_registry_is_retired(classes[i], (uintptr_t)base))
+            return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return rc;
+}
+
 void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags)
 {
     if (!cd_enabled() || !key)

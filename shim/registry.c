@@ -110,6 +110,17 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     return res;
 }
 
+bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key)
+{
+    uint64_t h = hash(cls, key);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    struct cd_record *r = *find(slot_of(s, h), cls, key);
+    bool retired = r && r->state == CD_RETIRED;
+    pthread_mutex_unlock(&s->lock);
+    return retired;
+}
+
 void cd_registry_unretire(struct cd_record *r)
 {
     uint64_t h = hash(cd_kind_class(r->kind), r->key);

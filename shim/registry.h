@@ -47,6 +47,10 @@ void cd_registry_insert(struct cd_record *r);
 enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key,
                                          struct cd_record **out);
 
+/* Whether the record of class cls and key is RETIRED: released by the
+ * program and held by the shim. */
+bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key);
+
 /* Puts a RETIRED record back to LIVE (its deferral failed before anything
  * was done to it). */
 void cd_registry_unretire(struct cd_record *r);

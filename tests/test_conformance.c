@@ -604,6 +604,29 @@ Test(conformance, cuMemFreeHost_in_global_capture)
                  "cuCtxSynchronize releases what was queued during the capture");
 }
 
+/* MEASURED on the H200 (2026-11-29): SUCCESS, as cuMemFree. */
+Test(conformance, cuMemFreeHost_no_current_context)
+{
+    CUcontext ctx = test_context(), popped;
+    void *h = host_alloc();
+    CU_OK(cuCtxPopCurrent(&popped));
+    EXPECT_CODE(cuMemFreeHost(h), CUDA_SUCCESS);
+    CU_OK(cuCtxPushCurrent(ctx));
+    expect_fine_afterwards();
+    EXPECT_CODE(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* MEASURED on the H200 (2026-11-29): INVALID_VALUE, as for any pointer the
+ * driver does not know. */
+Test(conformance, cuMemFreeHost_interior_after_free)
+{
+    test_context();
+    char *h = host_alloc();
+    CU_OK(cuMemFreeHost(h));
+    EXPECT_CODE(cuMemFreeHost(h + 256), CUDA_ERROR_INVALID_VALUE);
+    expect_fine_afterwards();
+}
+
 /* ---- cuMemHostUnregister -------------------------------------------------------- */
 
 /* MEASURED on the H200 (2026-11-29): HOST_MEMORY_NOT_REGISTERED. */
@@ -669,6 +692,53 @@ Test(conformance, cuMemHostUnregister_device_pointer)
     EXPECT_CODE(cuMemHostUnregister((void *)(uintptr_t)p), CUDA_ERROR_INVALID_VALUE);
     expect_fine_afterwards();
     EXPECT_CODE(cuMemFree(p), CUDA_SUCCESS);
+}
+
+/* MEASURED on the H200 (2026-11-29): SUCCESS, as cuMemFree (the memory
+ * names its context). */
+Test(conformance, cuMemHostUnregister_no_current_context)
+{
+    CUcontext ctx = test_context(), popped;
+    void *h = registered();
+    CU_OK(cuCtxPopCurrent(&popped));
+    EXPECT_CODE(cuMemHostUnregister(h), CUDA_SUCCESS);
+    CU_OK(cuCtxPushCurrent(ctx));
+    expect_fine_afterwards();
+    EXPECT_CODE(cuMemHostUnregister(h), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+/* MEASURED on the H200 (2026-11-29): HOST_MEMORY_NOT_REGISTERED: the driver
+ * has forgotten the range. With the shim the unregister may still be
+ * queued, the driver then knows the address; the shim gives the code of
+ * an unknown one. */
+Test(conformance, cuMemHostUnregister_interior_after_unregister)
+{
+    test_context();
+    char *h = registered();
+    CU_OK(cuMemHostUnregister(h));
+    EXPECT_CODE(cuMemHostUnregister(h + 4096), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    expect_fine_afterwards();
+}
+
+/* MEASURED on the H200 (2026-11-29): HOST_MEMORY_NOT_REGISTERED (freed
+ * pinned memory is unknown to the driver, whatever the shim holds). */
+Test(conformance, cuMemHostUnregister_after_cuMemFreeHost)
+{
+    test_context();
+    void *h = host_alloc();
+    CU_OK(cuMemFreeHost(h));
+    EXPECT_CODE(cuMemHostUnregister(h), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    expect_fine_afterwards();
+}
+
+/* MEASURED on the H200 (2026-11-29): HOST_MEMORY_NOT_REGISTERED, as above. */
+Test(conformance, cuMemHostUnregister_interior_after_cuMemFreeHost)
+{
+    test_context();
+    char *h = host_alloc();
+    CU_OK(cuMemFreeHost(h));
+    EXPECT_CODE(cuMemHostUnregister(h + 4096), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    expect_fine_afterwards();
 }
 
 /* ---- arrays, modules, libraries ----------------------------------------------- */
@@ -751,6 +821,23 @@ Test(conformance, cuLibraryUnload_double)
     CU_OK(cuLibraryUnload(l));
     EXPECT_CODE(cuLibraryUnload(l), CUDA_ERROR_INVALID_HANDLE);
     expect_fine_afterwards();
+}
+
+/* MEASURED on the H200 (2026-11-29): the driver crashes (SIGSEGV), as on
+ * any second cuLibraryUnload; the shim answers INVALID_HANDLE, also when the
+ * current context is destroyed (the library names no context) and the
+ * first unload is still queued. */
+Test(conformance, cuLibraryUnload_double_destroyed_context_current)
+{
+    only_with_the_shim("SIGSEGV in cuLibraryUnload");
+    test_context();
+    CUlibrary l;
+    CU_OK(cuLibraryLoadData(&l, ptx, NULL, NULL, 0, NULL, NULL, 0));
+    CU_OK(cuLibraryUnload(l));
+    destroy_from_another_thread(other_context());
+    EXPECT_CODE(cuLibraryUnload(l), CUDA_ERROR_INVALID_HANDLE);
+    expect_after(CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                 CUDA_ERROR_CONTEXT_IS_DESTROYED);
 }
 
 /* MEASURED on the H200 (2026-11-29): INVALID_HANDLE. */

@@ -1052,3 +1052,28 @@ Test(capture, ends_with_its_stream, .timeout = 10)
     cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 1,
                  "the release stayed queued as if the capture were live");
 }
+
+/* A capture belongs to its stream's context, not to the context current
+ * when it began: destroying that other context does not end it, so a
+ * release afterwards only queues and the capture stays valid. */
+Test(capture, belongs_to_its_streams_context, .timeout = 10)
+{
+    CUcontext a = test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, 4096));
+    CUdevice dev;
+    CUcontext b;
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuCtxCreate(&b, NULL, 0, dev)); /* b is current now */
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CU_OK(cuCtxDestroy(b));
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuMemFree(p));
+    CUgraph g;
+    cr_expect_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS, "the capture was invalidated");
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
+}

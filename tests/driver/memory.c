@@ -7,8 +7,12 @@
  * 32-bit cuMemAlloc / cuMemFree pair gets addresses from a second
  * reservation below 2 GiB (MAP_32BIT); without one they fail with
  * CUDA_ERROR_OUT_OF_MEMORY. Pinned host and managed memory is real host
- * memory; once released its pages become PROT_NONE (address kept, a late
- * host access crashes, no later allocation can alias it).
+ * memory; once released its pages become PROT_NONE and wait in a
+ * quarantine of the last QUARANTINE_RANGES released ranges (a late host
+ * access crashes, no allocation can alias them meanwhile); the oldest is
+ * then unmapped, so that later allocations may get its addresses again, as
+ * a real driver's do (and a long run does not exhaust the process's
+ * mappings).
  *
  * The waiting releases (cuMemFree of device or managed memory,
  * cuMemFreeHost, cuMemHostUnregister) validate first (bad input returns
@@ -158,6 +162,8 @@ static void reg_remove(struct td_alloc *a)
     }
 }
 
+static void graveyard_forget(uintptr_t base, size_t size);
+
 struct td_alloc *td_alloc_add(uintptr_t base, size_t size, size_t span,
                               enum testdrv_kind kind, enum td_cap cap,
                               struct td_ctx *ctx)
@@ -171,9 +177,33 @@ struct td_alloc *td_alloc_add(uintptr_t base, size_t size, size_t span,
     a->ctx = ctx;
     a->id = td.next_id++;
     a->linked = true;
+    graveyard_forget(base, span);
     reg_insert(a);
     td_live_add(kind, 1, (long long)size);
     return a;
+}
+
+/* ------------------------------------------------------------------ */
+/* Quarantine of released host ranges                                  */
+
+#define QUARANTINE_RANGES 4096
+
+static struct { void *base; size_t len; } quarantine[QUARANTINE_RANGES];
+static size_t quarantine_next, quarantine_n;
+
+/* Makes [base, base + len) inaccessible and queues it; unmaps the range
+ * that leaves the quarantine. */
+static void quarantine_add(void *base, size_t len)
+{
+    mmap(base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+         -1, 0);
+    if (quarantine_n == QUARANTINE_RANGES)
+        munmap(quarantine[quarantine_next].base, quarantine[quarantine_next].len);
+    else
+        quarantine_n++;
+    quarantine[quarantine_next].base = base;
+    quarantine[quarantine_next].len = len;
+    quarantine_next = (quarantine_next + 1) % QUARANTINE_RANGES;
 }
 
 void td_alloc_unlink(struct td_alloc *a)
@@ -184,8 +214,7 @@ void td_alloc_unlink(struct td_alloc *a)
     a->linked = false;
     td_live_add(a->kind, -1, -(long long)a->size);
     if (a->host_backed)
-        mmap((void *)a->base, round_up(a->span, PAGE), PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        quarantine_add((void *)a->base, round_up(a->span, PAGE));
 }
 
 /* td_alloc_unlink, gives its capacity back, frees the record. */
@@ -215,6 +244,15 @@ static void graveyard_add(uintptr_t base, size_t size)
     grave[grave_n].base = base;
     grave[grave_n].size = size;
     grave_n++;
+}
+
+/* Drops the remembered ranges that [base, base + size) reuses: the
+ * addresses belong to a new allocation now. */
+static void graveyard_forget(uintptr_t base, size_t size)
+{
+    for (size_t i = grave_n; i-- > 0;)
+        if (grave[i].base < base + size && base < grave[i].base + grave[i].size)
+            grave[i] = grave[--grave_n];
 }
 
 bool td_graveyard_has(uintptr_t p)

@@ -424,6 +424,15 @@ static void free_host_relaxed_thread(void)
     during_capture_on_another_thread(FREE_HOST, true);
 }
 
+static void free_host_no_context(void)
+{
+    void *h = host_alloc();
+    CUcontext popped;
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    report("", cuMemFreeHost(h));
+    GC_CHECK(cuCtxPushCurrent(popped));
+}
+
 static void free_host_after_ctx_destroy(void)
 {
     CUcontext b = other_context();
@@ -464,6 +473,45 @@ static void unregister_interior(void)
 {
     char *h = registered();
     report("", cuMemHostUnregister(h + 4096));
+}
+
+static void unregister_no_context(void)
+{
+    void *h = registered();
+    CUcontext popped;
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    report("", cuMemHostUnregister(h));
+    GC_CHECK(cuCtxPushCurrent(popped));
+}
+
+/* An address inside a range released just before: the driver has
+ * forgotten the range (with cudefer, the release may still be queued). */
+static void unregister_interior_after_unregister(void)
+{
+    char *h = registered();
+    GC_CHECK(cuMemHostUnregister(h));
+    report("", cuMemHostUnregister(h + 4096));
+}
+
+static void unregister_after_free_host(void)
+{
+    void *h = host_alloc();
+    GC_CHECK(cuMemFreeHost(h));
+    report("", cuMemHostUnregister(h));
+}
+
+static void unregister_interior_after_free_host(void)
+{
+    char *h = host_alloc();
+    GC_CHECK(cuMemFreeHost(h));
+    report("", cuMemHostUnregister(h + 4096));
+}
+
+static void free_host_interior_after_free_host(void)
+{
+    char *h = host_alloc();
+    GC_CHECK(cuMemFreeHost(h));
+    report("", cuMemFreeHost(h + 256));
 }
 
 static void unregister_device_ptr(void)
@@ -519,6 +567,61 @@ static void module_unload_after_ctx_destroy(void)
     GC_CHECK(cuModuleLoadData(&m, cudefer_kernels_ptx));
     GC_CHECK(cuCtxDestroy(b));
     report("", cuModuleUnload(m));
+}
+
+/* The release with no current context (the object names its context). */
+static void pop_and_report(CUresult (*release)(void *), void *handle)
+{
+    CUcontext popped;
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    report("", release(handle));
+    GC_CHECK(cuCtxPushCurrent(popped));
+}
+
+static CUresult array_destroy_any(void *a) { return cuArrayDestroy(a); }
+static CUresult mipmapped_destroy_any(void *m) { return cuMipmappedArrayDestroy(m); }
+static CUresult module_unload_any(void *m) { return cuModuleUnload(m); }
+static CUresult library_unload_any(void *l) { return cuLibraryUnload(l); }
+
+static void array_destroy_no_context(void)
+{
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {
+        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    GC_CHECK(cuArrayCreate(&a, &d));
+    pop_and_report(array_destroy_any, a);
+}
+
+static void mipmapped_destroy_no_context(void)
+{
+    CUmipmappedArray m;
+    CUDA_ARRAY3D_DESCRIPTOR d = {
+        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    GC_CHECK(cuMipmappedArrayCreate(&m, &d, 2));
+    pop_and_report(mipmapped_destroy_any, m);
+}
+
+static void module_unload_no_context(void)
+{
+    CUmodule m;
+    GC_CHECK(cuModuleLoadData(&m, cudefer_kernels_ptx));
+    pop_and_report(module_unload_any, m);
+}
+
+static void library_unload_no_context(void)
+{
+    CUlibrary l;
+    GC_CHECK(cuLibraryLoadData(&l, cudefer_kernels_ptx, NULL, NULL, 0, NULL, NULL, 0));
+    pop_and_report(library_unload_any, l);
+}
+
+static void library_unload_double_destroyed_context_current(void)
+{
+    CUlibrary l;
+    GC_CHECK(cuLibraryLoadData(&l, cudefer_kernels_ptx, NULL, NULL, 0, NULL, NULL, 0));
+    GC_CHECK(cuLibraryUnload(l));
+    destroy_from_another_thread(other_context());
+    report("", cuLibraryUnload(l));
 }
 
 static void library_unload_double(void)
@@ -694,6 +797,8 @@ static const struct conform_case cases[] = {
     {"cuMemFreeHost(cuMemHostAlloc_double)", free_host_hostalloc_double},
     {"cuMemFreeHost(other_context_pointer)", free_host_other_context_ptr},
     {"cuMemFreeHost(after_ctx_destroy)", free_host_after_ctx_destroy},
+    {"cuMemFreeHost(no_current_context)", free_host_no_context},
+    {"cuMemFreeHost(interior_after_free)", free_host_interior_after_free_host},
     /* cuMemHostUnregister */
     {"cuMemHostUnregister(never_registered)", unregister_never_registered},
     {"cuMemHostUnregister(double)", unregister_double},
@@ -701,6 +806,10 @@ static const struct conform_case cases[] = {
     {"cuMemHostUnregister(cuMemAllocHost_pointer)", unregister_alloc_host_ptr},
     {"cuMemHostUnregister(interior_pointer)", unregister_interior},
     {"cuMemHostUnregister(device_pointer)", unregister_device_ptr},
+    {"cuMemHostUnregister(no_current_context)", unregister_no_context},
+    {"cuMemHostUnregister(interior_after_unregister)", unregister_interior_after_unregister},
+    {"cuMemHostUnregister(after_cuMemFreeHost)", unregister_after_free_host},
+    {"cuMemHostUnregister(interior_after_cuMemFreeHost)", unregister_interior_after_free_host},
     /* arrays, modules, libraries */
     {"cuArrayDestroy(double)", array_destroy_double},
     {"cuArrayDestroy(NULL)", array_destroy_null},
@@ -710,6 +819,12 @@ static const struct conform_case cases[] = {
     {"cuModuleUnload(after_ctx_destroy)", module_unload_after_ctx_destroy},
     {"cuLibraryUnload(double)", library_unload_double},
     {"cuLibraryUnload(NULL)", library_unload_null},
+    {"cuArrayDestroy(no_current_context)", array_destroy_no_context},
+    {"cuMipmappedArrayDestroy(no_current_context)", mipmapped_destroy_no_context},
+    {"cuModuleUnload(no_current_context)", module_unload_no_context},
+    {"cuLibraryUnload(no_current_context)", library_unload_no_context},
+    {"cuLibraryUnload(double_destroyed_context_current)",
+     library_unload_double_destroyed_context_current},
     /* destroyed contexts */
     {"cuCtxSynchronize(destroyed_context_current)", ctx_sync_destroyed_current},
     {"cuCtxSynchronize_v2(destroyed_context)", ctx_sync_v2_destroyed},
