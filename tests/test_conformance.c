@@ -16,8 +16,7 @@
  * cuLibraryUnload of one handle: SIGSEGV measured) only the shim's answer,
  * CUDA_ERROR_INVALID_HANDLE, is checked. cuMemAllocAsync on a destroyed
  * stream crashes the real driver with and without the shim; the case keeps
- * the test driver's answer. A known divergence of the shim that belongs
- * fixed in shim/ is marked EXPECT_CODE_GAP ("known shim gap").
+ * the test driver's answer.
  *
  * Where the codes come from:
  *   MEASURED on the H200 (2026-11-29)
@@ -80,21 +79,6 @@ static void expect_code_either(const char *what, CUresult got, CUresult driver,
 #define EXPECT_CODE(call, driver) expect_code_either(#call, (call), (driver), (driver))
 #define EXPECT_CODE_SHIM(call, driver, with_shim)                                     \
     expect_code_either(#call, (call), (driver), (with_shim))
-
-/* A known divergence of the shim from the driver, described at the case:
- * with the shim loaded, a code other than the driver's ends the test as
- * skipped with the gap named (the suite stays green until shim/ is fixed,
- * and the test passes as soon as it is); over the test driver alone the
- * driver's code is asserted as usual. */
-static void expect_code_gap(const char *what, CUresult got, CUresult driver, const char *gap)
-{
-    if (shim_loaded() && got != driver)
-        cr_skip_test("KNOWN SHIM GAP (%s): %s returned %s, the driver gives %s", gap, what,
-                     name_of(got), name_of(driver));
-    expect_code_either(what, got, driver, driver);
-}
-
-#define EXPECT_CODE_GAP(call, driver, gap) expect_code_gap(#call, (call), (driver), (gap))
 
 /* The real driver crashes on this call; the shim answers with_shim. Over
  * the test driver alone there is nothing to compare (it does not crash). */
@@ -848,6 +832,64 @@ Test(conformance, cuLibraryUnload_NULL)
     expect_fine_afterwards();
 }
 
+/* The release of an object with no current context: the object names its
+ * context. Afterwards (as for cuMemFree) the follow-up runs with the
+ * context pushed back. */
+static void release_with_no_context(const char *what, CUresult (*release)(void *), void *h)
+{
+    CUcontext popped;
+    CU_OK(cuCtxPopCurrent(&popped));
+    expect_code_either(what, release(h), CUDA_SUCCESS, CUDA_SUCCESS);
+    CU_OK(cuCtxPushCurrent(popped));
+    expect_fine_afterwards();
+    cr_expect_eq(cudefer_flush(), 0);
+}
+
+static CUresult array_destroy_any(void *a) { return cuArrayDestroy(a); }
+static CUresult mipmapped_destroy_any(void *m) { return cuMipmappedArrayDestroy(m); }
+static CUresult module_unload_any(void *m) { return cuModuleUnload(m); }
+static CUresult library_unload_any(void *l) { return cuLibraryUnload(l); }
+
+/* MEASURED on the H200 (2026-11-29): SUCCESS, as cuMemFree. */
+Test(conformance, cuArrayDestroy_no_current_context)
+{
+    test_context();
+    release_with_no_context("cuArrayDestroy", array_destroy_any, array_create());
+    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 0, "the array was not destroyed");
+}
+
+/* MEASURED on the H200 (2026-11-29): SUCCESS. */
+Test(conformance, cuMipmappedArrayDestroy_no_current_context)
+{
+    test_context();
+    CUmipmappedArray m;
+    CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT,
+                                 .NumChannels = 1};
+    CU_OK(cuMipmappedArrayCreate(&m, &d, 2));
+    release_with_no_context("cuMipmappedArrayDestroy", mipmapped_destroy_any, m);
+    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 0, "the array was not destroyed");
+}
+
+/* MEASURED on the H200 (2026-11-29): SUCCESS. */
+Test(conformance, cuModuleUnload_no_current_context)
+{
+    test_context();
+    CUmodule m;
+    CU_OK(cuModuleLoadData(&m, ptx));
+    release_with_no_context("cuModuleUnload", module_unload_any, m);
+    cr_expect_eq(testdrv_live(TESTDRV_MODULE), 0, "the module was not unloaded");
+}
+
+/* MEASURED on the H200 (2026-11-29): SUCCESS (a library names no context). */
+Test(conformance, cuLibraryUnload_no_current_context)
+{
+    test_context();
+    CUlibrary l;
+    CU_OK(cuLibraryLoadData(&l, ptx, NULL, NULL, 0, NULL, NULL, 0));
+    release_with_no_context("cuLibraryUnload", library_unload_any, l);
+    cr_expect_eq(testdrv_live(TESTDRV_LIBRARY), 0, "the library was not unloaded");
+}
+
 /* ---- destroyed contexts ----------------------------------------------------------- */
 
 /* MEASURED on the H200 (2026-11-29): INVALID_VALUE. cuCtxDestroy freed the
@@ -874,22 +916,10 @@ Test(conformance, cuMemFreeHost_after_ctx_destroy)
 }
 
 /* MEASURED on the H200 (2026-11-29): INVALID_HANDLE, as for a second
- * unload, and the follow-up succeeds. (Documented as undefined: "the
- * context or its resources [must not be] accessed or passed in subsequent
- * API calls".)
- *
- * KNOWN SHIM GAP: through the shim the real driver answered
- * CONTEXT_IS_DESTROYED. The shim does not make that code up: cuCtxDestroy's
- * teardown (shim/teardown.c, cd_context_teardown ->
- * cd_registry_drop_context) forgets the module's record, so retire()
- * (shim/lifecycle.c) finds nothing (CD_NOT_FOUND) and passes the dangling
- * handle to the driver's cuModuleUnload unchanged; the driver's answer for
- * it changed with the shim's own objects in that context (private stream,
- * events, warm-up allocation: made at cuCtxCreate, destroyed just before the
- * driver's cuCtxDestroy). The fix belongs in shim/: remember the handles a
- * teardown drops and answer INVALID_HANDLE for them without calling the
- * driver. Over the test driver the shim passes the call on and the test
- * driver answers INVALID_HANDLE, so the case passes there. */
+ * unload, and the follow-up succeeds (documented as undefined: "the context
+ * or its resources [must not be] accessed or passed in subsequent API
+ * calls"). The shim answers itself: the context's teardown left the
+ * module's record TORN, and the dead handle never reaches the driver. */
 Test(conformance, cuModuleUnload_after_ctx_destroy)
 {
     test_context();
@@ -897,9 +927,7 @@ Test(conformance, cuModuleUnload_after_ctx_destroy)
     CUmodule m;
     CU_OK(cuModuleLoadData(&m, ptx));
     CU_OK(cuCtxDestroy(b));
-    EXPECT_CODE_GAP(cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE,
-                    "a module dropped by its context's teardown is passed to the driver, "
-                    "which answered CONTEXT_IS_DESTROYED through the shim");
+    EXPECT_CODE(cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
     expect_fine_afterwards();
 }
 

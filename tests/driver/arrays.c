@@ -120,23 +120,24 @@ TD_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     return array_create((void **)pHandle, bytes, TD_OBJ_MIPMAP);
 }
 
-/* Destroys an array: validated at once, then a waiting release. The
- * handle is dead from the start (a second destroy fails at once). */
+/* Destroys an array: validated at once, then a waiting release; no
+ * current context needed (td_release_front). The handle is dead from the
+ * start (a second destroy fails at once). */
 static CUresult array_destroy(void *h, enum td_objkind kind)
 {
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
-    td_note_wait_call();
     struct td_ctx *c;
     struct td_obj *o;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS ||
+    if ((rc = td_release_front(&c)) != CUDA_SUCCESS ||
         (rc = td_obj_get(h, kind, &o)) != CUDA_SUCCESS)
         return td_leave(rc);
     struct td_array *a = (struct td_array *)o;
     a->h.released = true;
-    td_ctx_wait_idle(a->h.ctx->alive ? a->h.ctx : c, true);
+    struct td_ctx *wctx = a->h.ctx->alive ? a->h.ctx : c;
+    if (wctx)
+        td_ctx_wait_idle(wctx, true);
     td_live_add(TESTDRV_ARRAY, -1, -(long long)a->bytes);
     td_cap_give(TD_CAP_DEVICE, a->bytes);
     return td_leave(CUDA_SUCCESS);

@@ -186,6 +186,18 @@ struct td_obj *td_obj_find(const void *h, enum td_objkind kind)
     return NULL;
 }
 
+CUresult td_release_front(struct td_ctx **c)
+{
+    td_note_wait_call();
+    *c = NULL;
+    CUresult rc = td_cur_ctx_usable(c);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT)
+        *c = NULL;
+    else if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_capture_check_unsafe();
+}
+
 CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out)
 {
     struct td_obj *o = td_obj_find(h, kind);

@@ -369,6 +369,16 @@ CUresult td_cur_ctx(struct td_ctx **out);
 /* td_cur_ctx, then the context's sticky error if it has one. */
 CUresult td_cur_ctx_usable(struct td_ctx **out);
 
+/* Front of every waiting release (cuMemFree*, cuMemFreeHost,
+ * cuMemHostUnregister, cuArrayDestroy, cuMipmappedArrayDestroy,
+ * cuModuleUnload): counts the wait call, then the current context - none
+ * is fine (measured on an H200, driver 580.159.04, 2026-11-29: each of
+ * these releases with no current context releases the object and returns
+ * CUDA_SUCCESS; the object names its context), a destroyed or sticky one
+ * is not - then the capture rules. *c is NULL when no context is
+ * current. */
+CUresult td_release_front(struct td_ctx **c);
+
 /* Validates a context handle passed explicitly (NULL means current):
  * unknown -> CUDA_ERROR_INVALID_CONTEXT; destroyed -> counted,
  * CUDA_ERROR_INVALID_CONTEXT. */

@@ -510,23 +510,6 @@ TD_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flag
 /* ------------------------------------------------------------------ */
 /* Waiting releases                                                    */
 
-/* Front of a waiting release by pointer: counts the wait call, then the
- * current context - none is fine (measured on an H200: cuMemFree with no
- * current context frees the memory and returns CUDA_SUCCESS; the pointer
- * names its context), a destroyed or sticky one is not - then the capture
- * rules. *c is NULL when no context is current. */
-static CUresult release_front(struct td_ctx **c)
-{
-    td_note_wait_call();
-    *c = NULL;
-    CUresult rc = td_cur_ctx_usable(c);
-    if (rc == CUDA_ERROR_INVALID_CONTEXT)
-        *c = NULL;
-    else if (rc != CUDA_SUCCESS)
-        return rc;
-    return td_capture_check_unsafe();
-}
-
 /* Second half of a waiting release of a validated allocation: the sticky
  * error of its context, else waits for that context (or cur, for pool
  * memory whose context is gone) with the launch lock held, then releases
@@ -551,14 +534,14 @@ static CUresult release_wait_and_free(struct td_alloc *a, struct td_ctx *cur)
 }
 
 /* cuMemFree*: device, pool or managed memory, by its base address; no
- * current context needed (see release_front). */
+ * current context needed (see td_release_front). */
 static CUresult mem_free(uintptr_t p)
 {
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
     struct td_ctx *c;
-    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (p == 0)
         return td_leave(CUDA_SUCCESS);
@@ -595,7 +578,7 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
     if (rc != CUDA_SUCCESS)
         return rc;
     struct td_ctx *c;
-    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (!p)
         return td_leave(CUDA_SUCCESS);
@@ -622,7 +605,7 @@ TD_EXPORT CUresult cuMemHostUnregister(void *p)
     if (rc != CUDA_SUCCESS)
         return rc;
     struct td_ctx *c;
-    if ((rc = release_front(&c)) != CUDA_SUCCESS)
+    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (!p)
         return td_leave(CUDA_ERROR_INVALID_VALUE);

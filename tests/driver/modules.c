@@ -135,18 +135,16 @@ TD_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
  * module of a destroyed context is an unknown handle: INVALID_HANDLE
  * (measured on an H200, driver 580.159.04, 2026-11-29: tests/gpu/conform.c
  * cuModuleUnload(after_ctx_destroy)); the call is still counted as one
- * naming a dead context. */
+ * naming a dead context. No current context is needed (td_release_front). */
 TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
 {
     TD_COUNT(cuModuleUnload);
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
-    td_note_wait_call();
     struct td_ctx *c;
     struct td_obj *o;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if ((rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
         return td_leave(rc == CUDA_ERROR_INVALID_CONTEXT ? CUDA_ERROR_INVALID_HANDLE : rc);
@@ -154,7 +152,9 @@ TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     if (m->lib)
         return td_leave(CUDA_ERROR_INVALID_HANDLE);
     module_release(m);
-    td_ctx_wait_idle(m->h.ctx->alive ? m->h.ctx : c, false);
+    struct td_ctx *wctx = m->h.ctx->alive ? m->h.ctx : c;
+    if (wctx)
+        td_ctx_wait_idle(wctx, false);
     td_live_add(TESTDRV_MODULE, -1, 0);
     return td_leave(CUDA_SUCCESS);
 }

@@ -32,6 +32,7 @@ DOORS_EXPECTED = {
     "torch": ("cuMemFree_v2",),
 }
 
+STALL_BASELINE = "nothing(launch_alone)"
 STALL_RELEASES = (
     "cuMemFree(cuMemAlloc)", "cuMemFree(cuMemAllocManaged)", "cuMemFreeHost(cuMemAllocHost)",
     "cuMemFreeHost(cuMemHostAlloc)", "cuMemHostUnregister", "cuArrayDestroy",
@@ -242,8 +243,23 @@ def stall_stats(res, mode, release):
 
 
 def report_stall(res, summary):
+    """The goal: with the shim, the caller's median under GOAL_MS, and the
+    other thread's launch blocked under GOAL_MS: its median time less the
+    median time of the same launch when nothing is released (the row
+    STALL_BASELINE), which is the launch's own cost."""
     rows, over, invalid = [], [], []
     worst_rel = worst_lau = 0.0
+    alone = stall_stats(res, "shim", STALL_BASELINE)
+    alone_ms = alone["launch"] if alone else 0.0
+    if alone:
+        row = ["(no release: the launch alone)"]
+        for mode in MODES:
+            s = stall_stats(res, mode, STALL_BASELINE)
+            row += [fmt_ms(s["release"]) if s else "-", fmt_ms(s["launch"]) if s else "-"]
+        rows.append(row + [fmt_ms(alone["release_max"]), fmt_ms(alone["launch_max"]),
+                           alone["rcs"]])
+    else:
+        invalid.append("the launch alone")
     for release in STALL_RELEASES:
         row = [release]
         for mode in MODES:
@@ -253,10 +269,10 @@ def report_stall(res, summary):
         if s:
             row += [fmt_ms(s["release_max"]), fmt_ms(s["launch_max"]), s["rcs"]]
             worst_rel = max(worst_rel, s["release"])
-            worst_lau = max(worst_lau, s["launch"])
+            worst_lau = max(worst_lau, s["launch"] - alone_ms)
             if not (s["rc_ok"] and s["valid"]):
                 invalid.append(release)
-            elif not (s["release"] < GOAL_MS and s["launch"] < GOAL_MS):
+            elif not (s["release"] < GOAL_MS and s["launch"] - alone_ms < GOAL_MS):
                 over.append(release)
         else:
             row += ["-", "-", "-"]
@@ -281,9 +297,10 @@ def report_stall(res, summary):
     if run != "ok":
         notes.append("shim run: " + run)
     summary.add("stall", not over and not invalid and run == "ok",
-                "shim median worst: caller %s ms, launch %s ms (goal < %s ms); "
+                "shim median worst: caller %s ms, launch blocked %s ms (above the "
+                "launch alone, %s ms; goal < %s ms); "
                 "no shim cuMemFree: caller %s ms, launch %s ms%s" % (
-                    fmt_ms(worst_rel), fmt_ms(worst_lau), GOAL_MS,
+                    fmt_ms(worst_rel), fmt_ms(worst_lau), fmt_ms(alone_ms), GOAL_MS,
                     fmt_ms(base["release"]) if base else "-",
                     fmt_ms(base["launch"]) if base else "-",
                     "".join("; " + n for n in notes)))

@@ -4,7 +4,9 @@
  * own: how long the releasing call blocked its caller, and how long a
  * kernel launch (a tiny kernel on a third stream) made by another thread
  * 5 ms into the release blocked that thread. Everything is warmed up first
- * (first launches, module loads, the first release of each kind).
+ * (first launches, module loads, the first release of each kind). The
+ * first case releases nothing: its launch_ms is what the launch costs when
+ * nothing blocks it, the baseline of the others' launch_ms.
  *
  * usage: stall [reps] [spin_ms]     (defaults: 3 and 1000)
  *
@@ -84,6 +86,11 @@ struct object {
     CUlibrary library;
 };
 
+static void prep_nothing(struct object *o)
+{
+    (void)o;
+}
+
 static void prep_device(struct object *o)
 {
     GC_CHECK(cuMemAlloc(&o->dptr, OBJECT_BYTES));
@@ -139,6 +146,12 @@ static void prep_library(struct object *o)
     GC_CHECK(cuStreamSynchronize(setup_stream));
 }
 
+static CUresult rel_nothing(struct object *o)
+{
+    (void)o;
+    return CUDA_SUCCESS;
+}
+
 static CUresult rel_mem_free(struct object *o) { return cuMemFree(o->dptr); }
 static CUresult rel_free_host(struct object *o) { return cuMemFreeHost(o->host); }
 static CUresult rel_unregister(struct object *o) { return cuMemHostUnregister(o->host); }
@@ -159,6 +172,7 @@ struct release_case {
 };
 
 static const struct release_case cases[] = {
+    {"nothing(launch_alone)", prep_nothing, rel_nothing, NULL},
     {"cuMemFree(cuMemAlloc)", prep_device, rel_mem_free, NULL},
     {"cuMemFree(cuMemAllocManaged)", prep_managed, rel_mem_free, NULL},
     {"cuMemFreeHost(cuMemAllocHost)", prep_alloc_host, rel_free_host, NULL},
