@@ -147,6 +147,31 @@ void cd_registry_remove(struct cd_record *r)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* Takes one of the MAX_TORN places for a TORN record. */
+static bool torn_reserve(void)
+{
+    if (atomic_fetch_add(&torn_count, 1) < MAX_TORN)
+        return true;
+    atomic_fetch_sub(&torn_count, 1);
+    return false;
+}
+
+bool cd_registry_entomb(struct cd_record *r)
+{
+    uint64_t h = hash(cd_kind_class(r->kind), r->key);
+    struct shard *s = shard_of(h);
+    bool kept = false;
+    pthread_mutex_lock(&s->lock);
+    if (r->linked && r->state == CD_RETIRED && torn_reserve()) {
+        r->state = CD_TORN;
+        r->ctx = NULL;
+        r->done = NULL;
+        kept = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return kept;
+}
+
 void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind))
 {
     for (int i = 0; i < SHARDS; i++) {
@@ -161,8 +186,7 @@ void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind
                     link = &r->hash_next;
                     continue;
                 }
-                if (r->state == CD_LIVE && torn(r->kind) &&
-                    atomic_fetch_add(&torn_count, 1) < MAX_TORN) {
+                if (r->state == CD_LIVE && torn(r->kind) && torn_reserve()) {
                     r->state = CD_TORN;
                     r->ctx = NULL;
                     link = &r->hash_next;

@@ -58,6 +58,14 @@ void cd_registry_unretire(struct cd_record *r);
 /* Unlinks r if it is still linked. The caller owns r afterwards. */
 void cd_registry_remove(struct cd_record *r);
 
+/* Makes the RETIRED record r TORN (its context's destruction freed the
+ * object the program had released): a later release of the same address
+ * or handle gets the answer for one released already, and the dead handle
+ * does not reach the driver. True when r stays in the registry, which owns
+ * it from then on; false (no room, or r not linked) when the caller still
+ * owns r. */
+bool cd_registry_entomb(struct cd_record *r);
+
 /* Unlinks every record of ctx, except LIVE ones for which torn(kind) says
  * the context's destruction frees the object: those stay, TORN, with no
  * context (up to a bound; past it they are freed like the others). Other

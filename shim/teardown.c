@@ -38,24 +38,30 @@ static void forget_frees(struct cd_ctx *cs, struct cd_record *list)
     cd_frees_done(n);
 }
 
-/* Deferred entries: dropped where the teardown frees them, released for
- * real otherwise (registrations, libraries). May wait for the GPU. */
+/* Deferred entries: dropped where the teardown frees them (their records
+ * stay, TORN, so that a second release of a dead handle does not reach the
+ * driver, which crashes on some), released for real otherwise
+ * (registrations, libraries). May wait for the GPU. */
 static void settle_queue(struct cd_ctx *cs)
 {
     for (struct cd_record *r = cd_take_all(&cs->deferred), *next; r; r = next) {
         next = r->queue_next;
         if (cd_backend(r->kind)->freed_by_context) {
             atomic_fetch_add(&cd_stats.dropped[r->kind], 1);
-        } else {
-            if (r->done)
-                cd_driver_ops()->event_synchronize(r->done);
-            CUresult rc = cd_backend(r->kind)->release(r);
-            atomic_fetch_add(rc == CUDA_SUCCESS ? &cd_stats.released[r->kind]
-                                                : &cd_stats.errors[r->kind], 1);
-            if (rc != CUDA_SUCCESS)
-                cd_log(CD_LOG_ERROR, "release of %s %#lx before teardown failed with error %d",
-                       cd_backend(r->kind)->name, (unsigned long)r->key, (int)rc);
+            cd_account_deferred(cs, r, -1);
+            cd_ctx_event_put(cs, r->done);
+            if (!cd_registry_entomb(r))
+                cd_finish(r);
+            continue;
         }
+        if (r->done)
+            cd_driver_ops()->event_synchronize(r->done);
+        CUresult rc = cd_backend(r->kind)->release(r);
+        atomic_fetch_add(rc == CUDA_SUCCESS ? &cd_stats.released[r->kind]
+                                            : &cd_stats.errors[r->kind], 1);
+        if (rc != CUDA_SUCCESS)
+            cd_log(CD_LOG_ERROR, "release of %s %#lx before teardown failed with error %d",
+                   cd_backend(r->kind)->name, (unsigned long)r->key, (int)rc);
         cd_finish_deferred(cs, r);
     }
 }

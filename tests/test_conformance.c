@@ -748,6 +748,35 @@ Test(conformance, cuArrayDestroy_double)
     expect_fine_afterwards();
 }
 
+/* UNMEASURED (the GPU check has the case; the real driver crashes on a
+ * second destroy of a live context's array). The shim answers
+ * INVALID_HANDLE: the context's teardown kept the array's record, TORN,
+ * so the dead handle does not reach the driver. */
+Test(conformance, cuArrayDestroy_after_ctx_destroy)
+{
+    only_with_the_shim("a dead array handle; the test driver says INVALID_CONTEXT");
+    test_context();
+    CUcontext b = other_context();
+    CUarray a = array_create();
+    CU_OK(cuCtxDestroy(b));
+    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    expect_fine_afterwards();
+}
+
+/* UNMEASURED, as above: the first destroy was still queued when the
+ * context went; its record stays TORN too. */
+Test(conformance, cuArrayDestroy_double_after_ctx_destroy)
+{
+    only_with_the_shim("a dead array handle; the test driver says INVALID_CONTEXT");
+    test_context();
+    CUcontext b = other_context();
+    CUarray a = array_create();
+    CU_OK(cuArrayDestroy(a));
+    CU_OK(cuCtxDestroy(b));
+    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    expect_fine_afterwards();
+}
+
 /* MEASURED on the H200 (2026-11-29): INVALID_HANDLE. */
 Test(conformance, cuArrayDestroy_NULL)
 {

@@ -532,6 +532,29 @@ static void array_destroy_double(void)
     report("", cuArrayDestroy(a));
 }
 
+static void array_destroy_after_ctx_destroy(void)
+{
+    CUcontext b = other_context();
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {
+        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    GC_CHECK(cuArrayCreate(&a, &d));
+    GC_CHECK(cuCtxDestroy(b));
+    report("", cuArrayDestroy(a));
+}
+
+static void array_destroy_double_after_ctx_destroy(void)
+{
+    CUcontext b = other_context();
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {
+        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    GC_CHECK(cuArrayCreate(&a, &d));
+    GC_CHECK(cuArrayDestroy(a));
+    GC_CHECK(cuCtxDestroy(b));
+    report("", cuArrayDestroy(a));
+}
+
 static void array_destroy_null(void)
 {
     report("", cuArrayDestroy(NULL));
@@ -813,6 +836,8 @@ static const struct conform_case cases[] = {
     /* arrays, modules, libraries */
     {"cuArrayDestroy(double)", array_destroy_double},
     {"cuArrayDestroy(NULL)", array_destroy_null},
+    {"cuArrayDestroy(after_ctx_destroy)", array_destroy_after_ctx_destroy},
+    {"cuArrayDestroy(double_after_ctx_destroy)", array_destroy_double_after_ctx_destroy},
     {"cuMipmappedArrayDestroy(double)", mipmapped_destroy_double},
     {"cuModuleUnload(double)", module_unload_double},
     {"cuModuleUnload(NULL)", module_unload_null},
