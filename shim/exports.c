@@ -37,36 +37,58 @@
             rc = real(__VA_ARGS__);                                         \
     } while (0)
 
+/* The driver's call with the wrapper's arguments; on success, hook (an
+ * expression that may use the results). */
+#define REAL_THEN(hook, ...)                                                \
+    CUresult rc = real(__VA_ARGS__);                                        \
+    if (rc == CUDA_SUCCESS)                                                 \
+        hook;                                                               \
+    return rc
+
+/* A release: the engine's answer when it takes the call (key is the
+ * address or handle), the driver's otherwise. */
+#define RELEASE_BODY(release, key, arg)                                     \
+    CUresult rc;                                                            \
+    if (release(key, &rc))                                                  \
+        return rc;                                                          \
+    return real(arg)
+
+/* An allocation of kind that a block released earlier may serve (when ok:
+ * arguments the driver accepts): else ALLOC_CALL(args...), and the new
+ * block tracked. *out receives the block, cast to type. */
+#define REUSE_OR_ALLOC_BODY(kind, ok, out, type, bytes, flags, ...)         \
+    CUresult rc;                                                            \
+    uintptr_t again;                                                        \
+    if ((out) && (ok) && cd_reuse(kind, bytes, flags, &again)) {            \
+        *(out) = (type)again;                                               \
+        return CUDA_SUCCESS;                                                \
+    }                                                                       \
+    ALLOC_CALL(rc, __VA_ARGS__);                                            \
+    if (rc == CUDA_SUCCESS)                                                 \
+        cd_track(kind, (uintptr_t)*(out), bytes, flags);                    \
+    return rc
+
 /* ---- releases ---------------------------------------------------------- */
 
 DECLARE_REAL(cuMemFree);
 EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr)
 {
     ENTER(cuMemFree);
-    CUresult rc;
-    if (cd_release_device((CUdeviceptr)dptr, &rc))
-        return rc;
-    return real(dptr);
+    RELEASE_BODY(cd_release_device, (CUdeviceptr)dptr, dptr);
 }
 
 DECLARE_REAL(cuMemFree_v2);
 EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER(cuMemFree_v2);
-    CUresult rc;
-    if (cd_release_device(dptr, &rc))
-        return rc;
-    return real(dptr);
+    RELEASE_BODY(cd_release_device, dptr, dptr);
 }
 
 DECLARE_REAL(cuMemFreeHost);
 EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 {
     ENTER(cuMemFreeHost);
-    CUresult rc;
-    if (cd_release_host(p, &rc))
-        return rc;
-    return real(p);
+    RELEASE_BODY(cd_release_host, p, p);
 }
 
 DECLARE_REAL(cuMemHostUnregister);
@@ -83,40 +105,28 @@ DECLARE_REAL(cuArrayDestroy);
 EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
 {
     ENTER(cuArrayDestroy);
-    CUresult rc;
-    if (cd_release_array(hArray, &rc))
-        return rc;
-    return real(hArray);
+    RELEASE_BODY(cd_release_array, hArray, hArray);
 }
 
 DECLARE_REAL(cuMipmappedArrayDestroy);
 EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     ENTER(cuMipmappedArrayDestroy);
-    CUresult rc;
-    if (cd_release_mipmapped(hMipmappedArray, &rc))
-        return rc;
-    return real(hMipmappedArray);
+    RELEASE_BODY(cd_release_mipmapped, hMipmappedArray, hMipmappedArray);
 }
 
 DECLARE_REAL(cuModuleUnload);
 EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
 {
     ENTER(cuModuleUnload);
-    CUresult rc;
-    if (cd_release_module(hmod, &rc))
-        return rc;
-    return real(hmod);
+    RELEASE_BODY(cd_release_module, hmod, hmod);
 }
 
 DECLARE_REAL(cuLibraryUnload);
 EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library)
 {
     ENTER(cuLibraryUnload);
-    CUresult rc;
-    if (cd_release_library(library, &rc))
-        return rc;
-    return real(library);
+    RELEASE_BODY(cd_release_library, library, library);
 }
 
 /* ---- synchronisation --------------------------------------------------- */
@@ -135,10 +145,7 @@ DECLARE_REAL(cuCtxSynchronize_v2);
 EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
 {
     ENTER(cuCtxSynchronize_v2);
-    CUresult rc = real(ctx);
-    if (rc == CUDA_SUCCESS)
-        cd_context_synchronized(ctx);
-    return rc;
+    REAL_THEN(cd_context_synchronized(ctx), ctx);
 }
 
 /* ---- device, managed and host memory ----------------------------------- */
@@ -147,32 +154,14 @@ DECLARE_REAL(cuMemAlloc);
 EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     ENTER(cuMemAlloc);
-    CUresult rc;
-    uintptr_t again;
-    if (dptr && cd_reuse(CD_DEVICE, bytesize, 0, &again)) {
-        *dptr = (CUdeviceptr_v1)again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, dptr, bytesize);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, bytesize, 0);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_DEVICE, true, dptr, CUdeviceptr_v1, bytesize, 0, dptr, bytesize);
 }
 
 DECLARE_REAL(cuMemAlloc_v2);
 EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ENTER(cuMemAlloc_v2);
-    CUresult rc;
-    uintptr_t again;
-    if (dptr && cd_reuse(CD_DEVICE, bytesize, 0, &again)) {
-        *dptr = again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, dptr, bytesize);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, bytesize, 0);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_DEVICE, true, dptr, CUdeviceptr, bytesize, 0, dptr, bytesize);
 }
 
 DECLARE_REAL(cuMemAllocPitch);
@@ -204,68 +193,33 @@ DECLARE_REAL(cuMemAllocManaged);
 EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     ENTER(cuMemAllocManaged);
-    CUresult rc;
-    uintptr_t again;
     bool valid = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST;
-    if (dptr && valid && cd_reuse(CD_MANAGED, bytesize, flags, &again)) {
-        *dptr = (CUdeviceptr)again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, dptr, bytesize, flags);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MANAGED, *dptr, bytesize, flags);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_MANAGED, valid, dptr, CUdeviceptr, bytesize, flags, dptr, bytesize,
+                        flags);
 }
 
 DECLARE_REAL(cuMemAllocHost);
 EXPORT CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
 {
     ENTER(cuMemAllocHost);
-    CUresult rc;
-    uintptr_t again;
-    if (pp && cd_reuse(CD_HOST, bytesize, CD_FLAGS_ALLOC_HOST, &again)) {
-        *pp = (void *)again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, pp, bytesize);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, CD_FLAGS_ALLOC_HOST);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_HOST, true, pp, void *, bytesize, CD_FLAGS_ALLOC_HOST, pp, bytesize);
 }
 
 DECLARE_REAL(cuMemAllocHost_v2);
 EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
     ENTER(cuMemAllocHost_v2);
-    CUresult rc;
-    uintptr_t again;
-    if (pp && cd_reuse(CD_HOST, bytesize, CD_FLAGS_ALLOC_HOST, &again)) {
-        *pp = (void *)again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, pp, bytesize);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, CD_FLAGS_ALLOC_HOST);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_HOST, true, pp, void *, bytesize, CD_FLAGS_ALLOC_HOST, pp, bytesize);
 }
 
 DECLARE_REAL(cuMemHostAlloc);
 EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
     ENTER(cuMemHostAlloc);
-    CUresult rc;
-    uintptr_t again;
     /* Only flags the driver accepts: an invalid one gets the driver's error. */
     bool valid = !(Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                                        CU_MEMHOSTALLOC_WRITECOMBINED));
-    if (pp && valid && cd_reuse(CD_HOST, bytesize, Flags, &again)) {
-        *pp = (void *)again;
-        return CUDA_SUCCESS;
-    }
-    ALLOC_CALL(rc, pp, bytesize, Flags);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_HOST, (uintptr_t)*pp, bytesize, Flags);
-    return rc;
+    REUSE_OR_ALLOC_BODY(CD_HOST, valid, pp, void *, bytesize, Flags, pp, bytesize, Flags);
 }
 
 /* A registration that overlaps a queued unregister would fail with
@@ -520,10 +474,7 @@ DECLARE_REAL(cuStreamCreate);
 EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
     ENTER(cuStreamCreate);
-    CUresult rc = real(phStream, Flags);
-    if (rc == CUDA_SUCCESS)
-        cd_stream_created(*phStream);
-    return rc;
+    REAL_THEN(cd_stream_created(*phStream), phStream, Flags);
 }
 
 DECLARE_REAL(cuStreamCreateWithPriority);
@@ -531,10 +482,7 @@ EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned 
                                                    int priority)
 {
     ENTER(cuStreamCreateWithPriority);
-    CUresult rc = real(phStream, flags, priority);
-    if (rc == CUDA_SUCCESS)
-        cd_stream_created(*phStream);
-    return rc;
+    REAL_THEN(cd_stream_created(*phStream), phStream, flags, priority);
 }
 
 DECLARE_REAL(cuStreamDestroy);
@@ -635,20 +583,14 @@ DECLARE_REAL(cuCtxCreate);
 EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate);
-    CUresult rc = real(pctx, flags, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_context_created(*pctx);
-    return rc;
+    REAL_THEN(cd_context_created(*pctx), pctx, flags, dev);
 }
 
 DECLARE_REAL(cuCtxCreate_v2);
 EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v2);
-    CUresult rc = real(pctx, flags, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_context_created(*pctx);
-    return rc;
+    REAL_THEN(cd_context_created(*pctx), pctx, flags, dev);
 }
 
 DECLARE_REAL(cuCtxCreate_v3);
@@ -656,10 +598,7 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *par
                                        int numParams, unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v3);
-    CUresult rc = real(pctx, paramsArray, numParams, flags, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_context_created(*pctx);
-    return rc;
+    REAL_THEN(cd_context_created(*pctx), pctx, paramsArray, numParams, flags, dev);
 }
 
 DECLARE_REAL(cuCtxCreate_v4);
@@ -667,10 +606,7 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCr
                                        unsigned int flags, CUdevice dev)
 {
     ENTER(cuCtxCreate_v4);
-    CUresult rc = real(pctx, ctxCreateParams, flags, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_context_created(*pctx);
-    return rc;
+    REAL_THEN(cd_context_created(*pctx), pctx, ctxCreateParams, flags, dev);
 }
 
 DECLARE_REAL(cuCtxDestroy);
@@ -693,10 +629,7 @@ DECLARE_REAL(cuDevicePrimaryCtxRetain);
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ENTER(cuDevicePrimaryCtxRetain);
-    CUresult rc = real(pctx, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_primary_retained(dev, *pctx);
-    return rc;
+    REAL_THEN(cd_primary_retained(dev, *pctx), pctx, dev);
 }
 
 DECLARE_REAL(cuDevicePrimaryCtxRelease);
