@@ -37,6 +37,15 @@
             rc = real(__VA_ARGS__);                                         \
     } while (0)
 
+/* An allocating call (ALLOC_CALL with the arguments after bytes) whose
+ * object, *out, is tracked as kind with bytes (evaluated on success only). */
+#define ALLOC_TRACKED_BODY(kind, out, bytes, ...)                           \
+    CUresult rc;                                                            \
+    ALLOC_CALL(rc, __VA_ARGS__);                                            \
+    if (rc == CUDA_SUCCESS)                                                 \
+        cd_track(kind, (uintptr_t)*(out), bytes, 0);                        \
+    return rc
+
 /* The driver's call with the wrapper's arguments; on success, hook (an
  * expression that may use the results). */
 #define REAL_THEN(hook, ...)                                                \
@@ -170,11 +179,8 @@ EXPORT CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPit
                                         unsigned int ElementSizeBytes)
 {
     ENTER(cuMemAllocPitch);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, (size_t)*pPitch * Height, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_DEVICE, dptr, (size_t)*pPitch * Height,
+                       dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
 }
 
 DECLARE_REAL(cuMemAllocPitch_v2);
@@ -182,11 +188,8 @@ EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, si
                                            size_t Height, unsigned int ElementSizeBytes)
 {
     ENTER(cuMemAllocPitch_v2);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_DEVICE, *dptr, *pPitch * Height, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_DEVICE, dptr, *pPitch * Height,
+                       dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
 }
 
 DECLARE_REAL(cuMemAllocManaged);
@@ -320,54 +323,36 @@ static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsign
     return w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (channels ? channels : 1);
 }
 
+/* Bytes of the array a descriptor (of any version) describes, depth d. */
+#define DESC_BYTES(desc, d)                                                 \
+    array_bytes((desc)->Width, (desc)->Height, d, (desc)->Format, (desc)->NumChannels)
+
 DECLARE_REAL(cuArrayCreate);
 EXPORT CUresult CUDAAPI cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
 {
     ENTER(cuArrayCreate);
-    CUresult rc;
-    ALLOC_CALL(rc, pHandle, desc);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, 1), pHandle, desc);
 }
 
 DECLARE_REAL(cuArrayCreate_v2);
 EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     ENTER(cuArrayCreate_v2);
-    CUresult rc;
-    ALLOC_CALL(rc, pHandle, desc);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, 1), pHandle, desc);
 }
 
 DECLARE_REAL(cuArray3DCreate);
 EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
 {
     ENTER(cuArray3DCreate);
-    CUresult rc;
-    ALLOC_CALL(rc, pHandle, desc);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels), 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, desc->Depth), pHandle, desc);
 }
 
 DECLARE_REAL(cuArray3DCreate_v2);
 EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
     ENTER(cuArray3DCreate_v2);
-    CUresult rc;
-    ALLOC_CALL(rc, pHandle, desc);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_ARRAY, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels), 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, desc->Depth), pHandle, desc);
 }
 
 DECLARE_REAL(cuMipmappedArrayCreate);
@@ -376,14 +361,9 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                                unsigned int numMipmapLevels)
 {
     ENTER(cuMipmappedArrayCreate);
-    CUresult rc;
-    ALLOC_CALL(rc, pHandle, desc, numMipmapLevels);
     /* The levels below the first add at most a third. */
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MIPMAPPED, (uintptr_t)*pHandle,
-                 array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                             desc->NumChannels) / 3 * 4, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_MIPMAPPED, pHandle, DESC_BYTES(desc, desc->Depth) / 3 * 4, pHandle, desc,
+                       numMipmapLevels);
 }
 
 /* ---- modules and libraries --------------------------------------------- */
@@ -392,22 +372,14 @@ DECLARE_REAL(cuModuleLoad);
 EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
 {
     ENTER(cuModuleLoad);
-    CUresult rc;
-    ALLOC_CALL(rc, module, fname);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, fname);
 }
 
 DECLARE_REAL(cuModuleLoadData);
 EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
     ENTER(cuModuleLoadData);
-    CUresult rc;
-    ALLOC_CALL(rc, module, image);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, image);
 }
 
 DECLARE_REAL(cuModuleLoadDataEx);
@@ -416,22 +388,14 @@ EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
                                            void **optionValues)
 {
     ENTER(cuModuleLoadDataEx);
-    CUresult rc;
-    ALLOC_CALL(rc, module, image, numOptions, options, optionValues);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, image, numOptions, options, optionValues);
 }
 
 DECLARE_REAL(cuModuleLoadFatBinary);
 EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
     ENTER(cuModuleLoadFatBinary);
-    CUresult rc;
-    ALLOC_CALL(rc, module, fatCubin);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_MODULE, (uintptr_t)*module, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, fatCubin);
 }
 
 DECLARE_REAL(cuLibraryLoadData);
@@ -443,12 +407,9 @@ EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
                                           unsigned int numLibraryOptions)
 {
     ENTER(cuLibraryLoadData);
-    CUresult rc;
-    ALLOC_CALL(rc, library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-               libraryOptionValues, numLibraryOptions);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_LIBRARY, (uintptr_t)*library, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_LIBRARY, library, 0,
+                       library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                       libraryOptionValues, numLibraryOptions);
 }
 
 DECLARE_REAL(cuLibraryLoadFromFile);
@@ -460,12 +421,9 @@ EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fi
                                               unsigned int numLibraryOptions)
 {
     ENTER(cuLibraryLoadFromFile);
-    CUresult rc;
-    ALLOC_CALL(rc, library, fileName, jitOptions, jitOptionsValues, numJitOptions,
-               libraryOptions, libraryOptionValues, numLibraryOptions);
-    if (rc == CUDA_SUCCESS)
-        cd_track(CD_LIBRARY, (uintptr_t)*library, 0, 0);
-    return rc;
+    ALLOC_TRACKED_BODY(CD_LIBRARY, library, 0,
+                       library, fileName, jitOptions, jitOptionsValues, numJitOptions,
+                       libraryOptions, libraryOptionValues, numLibraryOptions);
 }
 
 /* ---- streams ----------------------------------------------------------- */
