@@ -11,6 +11,9 @@
 # see its header) and $OUT/summary.txt: the short table printed at the end,
 # one line per script (its exit status, seconds, and its summary lines).
 #
+#     scripts/gpu-all.sh --shim-hash   prints the hash of the shim's sources
+#                                      that the summary names
+#
 # Environment: OUT (default ./gpu-out/all); GPU_ALL_SKIP (comma-separated:
 # check, bench, multi) leaves steps out; each script's own budget variable
 # (GPU_CHECK_BUDGET_S, BENCH_BUDGET_S, GPU_MULTI_BUDGET_S) is set here so
@@ -21,6 +24,16 @@ set -u
 
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
+# The sha256 of shim/ and include/ (file names and contents), 12 digits.
+shim_hash() {
+    (cd "$ROOT" && find shim include -type f | LC_ALL=C sort | xargs sha256sum) |
+        sha256sum | cut -c1-12
+}
+if [ "${1:-}" = --shim-hash ]; then
+    shim_hash
+    exit 0
+fi
+
 OUT_DIR=${OUT:-$ROOT/gpu-out/all}
 mkdir -p "$OUT_DIR" || exit 2
 SUMMARY=$OUT_DIR/summary.txt
@@ -60,7 +73,10 @@ step multi gpu-multi.sh
 
 {
     echo
-    echo "### gpu-all: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
+    echo "### gpu-all: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd ';')"
+    # A copied tree may carry stale git metadata: the hash of the shim's
+    # sources says which code ran (compare: scripts/gpu-all.sh --shim-hash).
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)'); shim sources $(shim_hash)"
     echo "step   verdict   time"
     cat "$SUMMARY"
     if [ -f "$OUT_DIR/check/summary.txt" ]; then
