@@ -56,7 +56,9 @@
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
  * line was missing); 2 for bad usage.
  */
+#include "gpucheck.h"
 #include "kernels.h"
+#include "release_cases.h"
 #include "testdriver.h"
 
 #include <cuda.h>
@@ -64,10 +66,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,7 +74,6 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define KIB ((size_t)1024)
@@ -97,54 +95,6 @@ static struct {
     const char *child;  /* "stall", "loop:<row>" or "cost" */
     const char *mode;   /* "none" or "cudefer" */
 } opt = {.runs = 5};
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static void sleep_ms(double ms)
-{
-    if (ms <= 0)
-        return;
-    struct timespec t;
-    t.tv_sec = (time_t)(ms / 1e3);
-    t.tv_nsec = (long)((ms - (double)t.tv_sec * 1e3) * 1e6);
-    while (nanosleep(&t, &t) != 0 && errno == EINTR)
-        ;
-}
-
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    fflush(stdout);
-    if (opt.child)
-        fprintf(stderr, "cudefer-loops (child %s, %s): ", opt.child, opt.mode ? opt.mode : "?");
-    else
-        fprintf(stderr, "cudefer-loops: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
-
-static const char *rc_name(CUresult r)
-{
-    const char *name = NULL;
-    if (cuGetErrorName(r, &name) != CUDA_SUCCESS || !name)
-        return "unknown error";
-    return name;
-}
-
-static void check(CUresult r, const char *call, int line)
-{
-    if (r != CUDA_SUCCESS)
-        die("line %d: %s failed: %s (%d)", line, call, rc_name(r), (int)r);
-}
-#define CHECK(call) check((call), #call, __LINE__)
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -182,7 +132,7 @@ static CUresult k_spin(CUstream s, double ms, CUdeviceptr buf, size_t bytes)
     unsigned long long ns = (unsigned long long)(ms * 1e6);
     unsigned long long words = buf ? bytes / 4 : 0;
     void *args[] = {&ns, &buf, &words};
-    return cuLaunchKernel(gpu.spin, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+    return gc_launch(gpu.spin, s, args);
 }
 
 /* cudefer_touch of the first `words` words of buf. */
@@ -190,19 +140,7 @@ static CUresult k_touch(CUstream s, CUdeviceptr buf, unsigned long long words)
 {
     if (gpu.simulate)
         return gpu.simulate(s, 0, buf, (size_t)words * 4, TESTDRV_WRITE);
-    void *args[] = {&buf, &words};
-    return cuLaunchKernel(gpu.touch, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
-}
-
-/* A tiny kernel launched through cuLaunchKernel (also over the test
- * driver, whose functions are 10 us no-ops): the launch another thread
- * makes during a release. */
-static CUresult k_tiny_with(CUfunction touch, CUstream s)
-{
-    CUdeviceptr buf = 0;
-    unsigned long long words = 0;
-    void *args[] = {&buf, &words};
-    return cuLaunchKernel(touch, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+    return gc_touch_with(gpu.touch, s, buf, words);
 }
 
 static void out_token(char *dst, size_t n, const char *src)
@@ -216,14 +154,14 @@ static void out_token(char *dst, size_t n, const char *src)
 static void gpu_open(void)
 {
     int count = 0, version = 0;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGetCount(&count));
+    GC_CHECK(cuInit(0));
+    GC_CHECK(cuDeviceGetCount(&count));
     if (count < 1)
-        die("the driver reports no device");
-    CHECK(cuDeviceGet(&gpu.dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&gpu.ctx, gpu.dev));
-    CHECK(cuCtxSetCurrent(gpu.ctx));
-    CHECK(cuDriverGetVersion(&version));
+        gc_die("the driver reports no device");
+    GC_CHECK(cuDeviceGet(&gpu.dev, 0));
+    GC_CHECK(cuDevicePrimaryCtxRetain(&gpu.ctx, gpu.dev));
+    GC_CHECK(cuCtxSetCurrent(gpu.ctx));
+    GC_CHECK(cuDriverGetVersion(&version));
 
     *(void **)&gpu.simulate = dlsym(RTLD_DEFAULT, "testdrv_launch");
     *(void **)&gpu.faults = dlsym(RTLD_DEFAULT, "testdrv_faults");
@@ -233,19 +171,19 @@ static void gpu_open(void)
     gpu.cudefer = cudefer_version ? cudefer_version() : NULL;
 
     if (strcmp(opt.mode, "cudefer") == 0 && !gpu.cudefer)
-        die("cudefer is not loaded in the child that should have it (LD_PRELOAD=%s)",
-            getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
+        gc_die("cudefer is not loaded in the child that should have it (LD_PRELOAD=%s)",
+               getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
     if (strcmp(opt.mode, "none") == 0 && gpu.cudefer)
-        die("cudefer is loaded in the child that should run without it");
+        gc_die("cudefer is loaded in the child that should run without it");
 
     /* Over the test driver the image is not parsed; the functions are
      * no-op kernels used for the other thread's launch. */
-    CHECK(cuModuleLoadData(&gpu.module, cudefer_kernels_ptx));
-    CHECK(cuModuleGetFunction(&gpu.spin, gpu.module, "cudefer_spin"));
-    CHECK(cuModuleGetFunction(&gpu.touch, gpu.module, "cudefer_touch"));
+    GC_CHECK(cuModuleLoadData(&gpu.module, cudefer_kernels_ptx));
+    GC_CHECK(cuModuleGetFunction(&gpu.spin, gpu.module, "cudefer_spin"));
+    GC_CHECK(cuModuleGetFunction(&gpu.touch, gpu.module, "cudefer_touch"));
 
     char name[256] = "", tok[256];
-    CHECK(cuDeviceGetName(name, sizeof name, gpu.dev));
+    GC_CHECK(cuDeviceGetName(name, sizeof name, gpu.dev));
     out_token(tok, sizeof tok, name);
     printf("R info sim=%d cudefer=%s driver=%d device=%s\n", gpu.simulate ? 1 : 0,
            gpu.cudefer ? gpu.cudefer : "-", version, tok);
@@ -255,7 +193,7 @@ static void gpu_open(void)
  * what it deferred and handed freed device memory back to the driver. */
 static void gpu_settle(void)
 {
-    CHECK(cuCtxSynchronize());
+    GC_CHECK(cuCtxSynchronize());
     if (gpu.flush)
         gpu.flush();
 }
@@ -264,161 +202,19 @@ static void gpu_close(void)
 {
     gpu_settle();
     if (gpu.faults && gpu.faults() != 0)
-        die("the test driver saw %llu use(s) of freed memory", (unsigned long long)gpu.faults());
-    CHECK(cuModuleUnload(gpu.module));
-    CHECK(cuCtxSetCurrent(NULL));
-    CHECK(cuDevicePrimaryCtxRelease(gpu.dev));
+        gc_die("the test driver saw %llu use(s) of freed memory", (unsigned long long)gpu.faults());
+    GC_CHECK(cuModuleUnload(gpu.module));
+    GC_CHECK(cuCtxSetCurrent(NULL));
+    GC_CHECK(cuDevicePrimaryCtxRelease(gpu.dev));
 }
 
 /* ------------------------------------------------------------------------ */
 /* Child section: stall                                                     */
 /* ------------------------------------------------------------------------ */
 
-#define STALL_OBJECT_BYTES MIB
-#define LAUNCH_DELAY_MS 5.0
-
-static CUstream spin_stream;   /* the long kernel */
-static CUstream launch_stream; /* the other thread's tiny kernels */
-static CUstream setup_stream;  /* first launches of loaded kernels */
-
-static struct {
-    pthread_t thread;
-    _Atomic int go;   /* round to launch in */
-    _Atomic int done; /* last round launched */
-    _Atomic bool quit;
-    double delay_ms;
-    double launch_ms;
-    CUresult rc;
-} launcher;
-
-static void *launcher_main(void *arg)
-{
-    (void)arg;
-    CHECK(cuCtxSetCurrent(gpu.ctx));
-    int round = 0;
-    for (;;) {
-        while (atomic_load(&launcher.go) == round && !atomic_load(&launcher.quit))
-            sleep_ms(0.02);
-        if (atomic_load(&launcher.quit))
-            return NULL;
-        round = atomic_load(&launcher.go);
-        sleep_ms(launcher.delay_ms);
-        double t0 = now_ms();
-        launcher.rc = k_tiny_with(gpu.touch, launch_stream);
-        launcher.launch_ms = now_ms() - t0;
-        atomic_store(&launcher.done, round);
-    }
-}
-
-struct object {
-    CUdeviceptr dptr;
-    void *host;
-    CUarray array;
-    CUmodule module;
-    CUlibrary library;
-};
-
-static void *xpages(size_t bytes)
-{
-    size_t rounded = (bytes + 4095) & ~(size_t)4095;
-    void *p = aligned_alloc(4096, rounded);
-    if (!p)
-        die("out of host memory (%zu bytes)", rounded);
-    memset(p, 0, rounded);
-    return p;
-}
-
-static void prep_device(struct object *o)
-{
-    CHECK(cuMemAlloc(&o->dptr, STALL_OBJECT_BYTES));
-}
-
-static void prep_managed(struct object *o)
-{
-    CHECK(cuMemAllocManaged(&o->dptr, STALL_OBJECT_BYTES, CU_MEM_ATTACH_GLOBAL));
-}
-
-static void prep_alloc_host(struct object *o)
-{
-    CHECK(cuMemAllocHost(&o->host, STALL_OBJECT_BYTES));
-}
-
-static void prep_host_alloc(struct object *o)
-{
-    CHECK(cuMemHostAlloc(&o->host, STALL_OBJECT_BYTES, CU_MEMHOSTALLOC_DEVICEMAP));
-}
-
-static void prep_registered(struct object *o)
-{
-    o->host = xpages(STALL_OBJECT_BYTES);
-    CHECK(cuMemHostRegister(o->host, STALL_OBJECT_BYTES, 0));
-}
-
-static void prep_array(struct object *o)
-{
-    CUDA_ARRAY_DESCRIPTOR d = {
-        .Width = 256, .Height = 256, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
-    CHECK(cuArrayCreate(&o->array, &d));
-}
-
-/* A second module, one of whose kernels has run. */
-static void prep_module(struct object *o)
-{
-    CUfunction f;
-    CHECK(cuModuleLoadData(&o->module, cudefer_kernels_ptx));
-    CHECK(cuModuleGetFunction(&f, o->module, "cudefer_touch"));
-    CHECK(k_tiny_with(f, setup_stream));
-    CHECK(cuStreamSynchronize(setup_stream));
-}
-
-/* A library one of whose kernels is loaded into the context and has run:
- * only then does the real cuLibraryUnload wait for the GPU. */
-static void prep_library(struct object *o)
-{
-    CUkernel k;
-    CUfunction f;
-    CHECK(cuLibraryLoadData(&o->library, cudefer_kernels_ptx, NULL, NULL, 0, NULL, NULL, 0));
-    CHECK(cuLibraryGetKernel(&k, o->library, "cudefer_touch"));
-    CHECK(cuKernelGetFunction(&f, k));
-    CHECK(k_tiny_with(f, setup_stream));
-    CHECK(cuStreamSynchronize(setup_stream));
-}
-
-static CUresult rel_mem_free(struct object *o) { return cuMemFree(o->dptr); }
-static CUresult rel_free_host(struct object *o) { return cuMemFreeHost(o->host); }
-static CUresult rel_unregister(struct object *o) { return cuMemHostUnregister(o->host); }
-static CUresult rel_array(struct object *o) { return cuArrayDestroy(o->array); }
-static CUresult rel_module(struct object *o) { return cuModuleUnload(o->module); }
-static CUresult rel_library(struct object *o) { return cuLibraryUnload(o->library); }
-
-static void after_registered(struct object *o)
-{
-    free(o->host);
-}
-
-struct stall_case {
-    const char *id;
-    const char *label;
-    void (*prepare)(struct object *o);
-    CUresult (*release)(struct object *o);
-    void (*after)(struct object *o); /* once the context is synchronised */
-};
-
-static const struct stall_case stall_cases[] = {
-    {"device", "cuMemFree (cuMemAlloc memory)", prep_device, rel_mem_free, NULL},
-    {"managed", "cuMemFree (cuMemAllocManaged memory)", prep_managed, rel_mem_free, NULL},
-    {"allochost", "cuMemFreeHost (cuMemAllocHost memory)", prep_alloc_host, rel_free_host,
-     NULL},
-    {"hostalloc", "cuMemFreeHost (cuMemHostAlloc DEVICEMAP memory)", prep_host_alloc,
-     rel_free_host, NULL},
-    {"unregister", "cuMemHostUnregister", prep_registered, rel_unregister, after_registered},
-    {"array", "cuArrayDestroy", prep_array, rel_array, NULL},
-    {"module", "cuModuleUnload (a second module, a kernel of it run)", prep_module, rel_module,
-     NULL},
-    {"library", "cuLibraryUnload (a kernel of it loaded and run)", prep_library, rel_library,
-     NULL},
-};
-#define N_STALL_CASES (sizeof stall_cases / sizeof stall_cases[0])
+/* The cases (release_cases), the streams and the other thread (launcher)
+ * are tests/gpu/release_cases.h's, shared with the check tests/gpu/stall.c;
+ * this program uses each case's id and label. */
 
 static double stall_kernel_ms(void)
 {
@@ -430,32 +226,33 @@ struct stall_sample {
     bool running; /* the long kernel was still running just before the release */
 };
 
-static struct stall_sample stall_measure(const struct stall_case *c, double spin_ms,
+static struct stall_sample stall_measure(const struct release_case *c, double spin_ms,
                                          double settle_ms)
 {
     struct object o = {0};
     struct stall_sample s;
 
     c->prepare(&o);
-    CHECK(k_spin(spin_stream, spin_ms, 0, 0));
-    sleep_ms(settle_ms);
+    GC_CHECK(k_spin(spin_stream, spin_ms, 0, 0));
+    gc_sleep_ms(settle_ms);
 
     CUresult q = cuStreamQuery(spin_stream);
     if (q != CUDA_ERROR_NOT_READY)
-        CHECK(q);
+        GC_CHECK(q);
     s.running = q == CUDA_ERROR_NOT_READY;
-    int round = atomic_load(&launcher.go) + 1;
-    atomic_store(&launcher.go, round);
-    double t0 = now_ms();
+    int round = launcher_start_round();
+    double t0 = gc_now_ms();
     CUresult rc = c->release(&o);
-    s.release_ms = now_ms() - t0;
-    check(rc, c->label, __LINE__);
-    while (atomic_load(&launcher.done) != round)
-        sleep_ms(0.1);
+    s.release_ms = gc_now_ms() - t0;
+    if (rc != CUDA_SUCCESS)
+        gc_fail(c->label, rc, __FILE__, __LINE__);
+    launcher_wait(round);
     s.launch_ms = launcher.launch_ms;
-    check(launcher.rc, "cuLaunchKernel (other thread, during the release)", __LINE__);
+    if (launcher.rc != CUDA_SUCCESS)
+        gc_fail("cuLaunchKernel (other thread, during the release)", launcher.rc, __FILE__,
+                __LINE__);
 
-    CHECK(cuCtxSynchronize());
+    GC_CHECK(cuCtxSynchronize());
     if (c->after)
         c->after(&o);
     return s;
@@ -466,38 +263,28 @@ static void child_stall(void)
     double kernel_ms = stall_kernel_ms();
     double settle_ms = kernel_ms >= 500 ? 50.0 : kernel_ms / 10;
 
-    CHECK(cuStreamCreate(&spin_stream, CU_STREAM_NON_BLOCKING));
-    CHECK(cuStreamCreate(&launch_stream, CU_STREAM_NON_BLOCKING));
-    CHECK(cuStreamCreate(&setup_stream, CU_STREAM_NON_BLOCKING));
-
     /* Warm-up: first launches, every release once under a short kernel
      * (cudefer's one-time set-up of a context included); the other thread
      * launches at once. */
-    launcher.delay_ms = 0;
-    if (pthread_create(&launcher.thread, NULL, launcher_main, NULL) != 0)
-        die("pthread_create failed");
-    for (size_t i = 0; i < N_STALL_CASES; i++)
-        stall_measure(&stall_cases[i], 2.0, 0);
+    release_start(gpu.ctx, gpu.touch);
+    for (size_t i = 0; i < N_RELEASE_CASES; i++)
+        stall_measure(&release_cases[i], 2.0, 0);
     gpu_settle();
 
     printf("R stall_setup kernel_ms=%.0f settle_ms=%.1f launch_delay_ms=%.1f object_bytes=%zu\n",
-           kernel_ms, settle_ms, LAUNCH_DELAY_MS, (size_t)STALL_OBJECT_BYTES);
-    launcher.delay_ms = LAUNCH_DELAY_MS;
-    for (size_t i = 0; i < N_STALL_CASES; i++) {
+           kernel_ms, settle_ms, RELEASE_LAUNCH_DELAY_MS, (size_t)RELEASE_OBJECT_BYTES);
+    launcher.delay_ms = RELEASE_LAUNCH_DELAY_MS;
+    for (size_t i = 0; i < N_RELEASE_CASES; i++) {
         for (int run = 1; run <= opt.runs; run++) {
-            struct stall_sample s = stall_measure(&stall_cases[i], kernel_ms, settle_ms);
+            struct stall_sample s = stall_measure(&release_cases[i], kernel_ms, settle_ms);
             printf("R stall case=%s run=%d release_ms=%.4f launch_ms=%.4f running=%d\n",
-                   stall_cases[i].id, run, s.release_ms, s.launch_ms, (int)s.running);
+                   release_cases[i].id, run, s.release_ms, s.launch_ms, (int)s.running);
             fflush(stdout);
         }
         gpu_settle();
     }
 
-    atomic_store(&launcher.quit, true);
-    pthread_join(launcher.thread, NULL);
-    CHECK(cuStreamDestroy(spin_stream));
-    CHECK(cuStreamDestroy(launch_stream));
-    CHECK(cuStreamDestroy(setup_stream));
+    release_stop();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -552,26 +339,26 @@ static void loop_once(const struct loop_row *r, CUstream s, void *reg)
     unsigned long long words = r->bytes / 4 < TOUCH_WORDS ? r->bytes / 4 : TOUCH_WORDS;
     switch (r->kind) {
     case L_DEVICE:
-        CHECK(cuMemAlloc(&d, r->bytes));
-        CHECK(k_touch(s, d, words));
-        CHECK(cuMemFree(d));
+        GC_CHECK(cuMemAlloc(&d, r->bytes));
+        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(cuMemFree(d));
         break;
     case L_HOST:
-        CHECK(cuMemAllocHost(&h, r->bytes));
-        CHECK(cuMemHostGetDevicePointer(&d, h, 0));
-        CHECK(k_touch(s, d, words));
-        CHECK(cuMemFreeHost(h));
+        GC_CHECK(cuMemAllocHost(&h, r->bytes));
+        GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
+        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(cuMemFreeHost(h));
         break;
     case L_REGISTERED:
-        CHECK(cuMemHostRegister(reg, r->bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
-        CHECK(cuMemHostGetDevicePointer(&d, reg, 0));
-        CHECK(k_touch(s, d, words));
-        CHECK(cuMemHostUnregister(reg));
+        GC_CHECK(cuMemHostRegister(reg, r->bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+        GC_CHECK(cuMemHostGetDevicePointer(&d, reg, 0));
+        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(cuMemHostUnregister(reg));
         break;
     case L_MANAGED:
-        CHECK(cuMemAllocManaged(&d, r->bytes, CU_MEM_ATTACH_GLOBAL));
-        CHECK(k_touch(s, d, words));
-        CHECK(cuMemFree(d));
+        GC_CHECK(cuMemAllocManaged(&d, r->bytes, CU_MEM_ATTACH_GLOBAL));
+        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(cuMemFree(d));
         break;
     }
 }
@@ -579,7 +366,7 @@ static void loop_once(const struct loop_row *r, CUstream s, void *reg)
 static size_t mem_used(void)
 {
     size_t free_b = 0, total_b = 0;
-    CHECK(cuMemGetInfo(&free_b, &total_b));
+    GC_CHECK(cuMemGetInfo(&free_b, &total_b));
     return total_b - free_b;
 }
 
@@ -587,12 +374,12 @@ static void child_loop(const char *id)
 {
     const struct loop_row *r = find_row(id);
     if (!r)
-        die("no loop row %s", id);
+        gc_die("no loop row %s", id);
     int iters = row_iters(r);
     int every = iters / MEM_SAMPLES > 0 ? iters / MEM_SAMPLES : 1;
-    void *reg = r->kind == L_REGISTERED ? xpages(r->bytes) : NULL;
+    void *reg = r->kind == L_REGISTERED ? gc_xpages(r->bytes) : NULL;
     CUstream s;
-    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
     /* Warm-up: a twentieth of a run. */
     int warm = iters / 20 > 2 ? iters / 20 : 2;
@@ -605,7 +392,7 @@ static void child_loop(const char *id)
     for (int run = 1; run <= opt.runs; run++) {
         gpu_settle();
         size_t base = mem_used(), peak = base;
-        double t0 = now_ms();
+        double t0 = gc_now_ms();
         for (int i = 0; i < iters; i++) {
             loop_once(r, s, reg);
             if ((i + 1) % every == 0) {
@@ -614,9 +401,9 @@ static void child_loop(const char *id)
                     peak = u;
             }
         }
-        double t1 = now_ms();
-        CHECK(cuCtxSynchronize());
-        double t2 = now_ms();
+        double t1 = gc_now_ms();
+        GC_CHECK(cuCtxSynchronize());
+        double t2 = gc_now_ms();
         size_t u = mem_used();
         if (u > peak)
             peak = u;
@@ -626,7 +413,7 @@ static void child_loop(const char *id)
     }
 
     gpu_settle();
-    CHECK(cuStreamDestroy(s));
+    GC_CHECK(cuStreamDestroy(s));
     free(reg);
 }
 
@@ -650,13 +437,13 @@ static int driver_own(void *fn)
 static double time_get_current(get_current_fn fn, long n)
 {
     CUcontext c;
-    double t0 = now_ms();
+    double t0 = gc_now_ms();
     for (long i = 0; i < n; i++)
         if (fn(&c) != CUDA_SUCCESS)
-            die("cuCtxGetCurrent failed");
-    double t1 = now_ms();
+            gc_die("cuCtxGetCurrent failed");
+    double t1 = gc_now_ms();
     if (c != gpu.ctx)
-        die("cuCtxGetCurrent returned another context");
+        gc_die("cuCtxGetCurrent returned another context");
     return (t1 - t0) * 1e6 / (double)n;
 }
 
@@ -670,23 +457,23 @@ static void child_cost(void)
     CUdeviceptr *d = calloc((size_t)n_dev, sizeof *d);
     void **h = calloc((size_t)n_host, sizeof *h);
     if (!d || !h)
-        die("out of host memory");
+        gc_die("out of host memory");
 
     /* The unwrapped call, three ways. */
     get_current_fn direct = cuCtxGetCurrent, procaddr = NULL, viadlsym = NULL;
     void *p = NULL;
     CUdriverProcAddressQueryResult status;
-    CHECK(cuGetProcAddress("cuCtxGetCurrent", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
-                           &status));
+    GC_CHECK(cuGetProcAddress("cuCtxGetCurrent", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
+                              &status));
     if (status != CU_GET_PROC_ADDRESS_SUCCESS || !p)
-        die("cuGetProcAddress(cuCtxGetCurrent): status %d", (int)status);
+        gc_die("cuGetProcAddress(cuCtxGetCurrent): status %d", (int)status);
     memcpy(&procaddr, &p, sizeof p);
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (!lib)
-        die("dlopen(libcuda.so.1, RTLD_NOLOAD): %s", dlerror());
+        gc_die("dlopen(libcuda.so.1, RTLD_NOLOAD): %s", dlerror());
     p = dlsym(lib, "cuCtxGetCurrent");
     if (!p)
-        die("dlsym(libcuda.so.1, cuCtxGetCurrent): %s", dlerror());
+        gc_die("dlsym(libcuda.so.1, cuCtxGetCurrent): %s", dlerror());
     memcpy(&viadlsym, &p, sizeof p);
     void *procaddr_p;
     memcpy(&procaddr_p, &procaddr, sizeof procaddr_p);
@@ -697,12 +484,12 @@ static void child_cost(void)
 
     /* Warm-up. */
     for (int i = 0; i < 4; i++) {
-        CHECK(cuMemAlloc(&d[i], 4 * KIB));
-        CHECK(cuMemAllocHost(&h[i], 4 * KIB));
+        GC_CHECK(cuMemAlloc(&d[i], 4 * KIB));
+        GC_CHECK(cuMemAllocHost(&h[i], 4 * KIB));
     }
     for (int i = 0; i < 4; i++) {
-        CHECK(cuMemFree(d[i]));
-        CHECK(cuMemFreeHost(h[i]));
+        GC_CHECK(cuMemFree(d[i]));
+        GC_CHECK(cuMemFreeHost(h[i]));
     }
     time_get_current(direct, n_calls / 10);
     time_get_current(procaddr, n_calls / 10);
@@ -710,36 +497,36 @@ static void child_cost(void)
 
     for (int run = 1; run <= opt.runs; run++) {
         gpu_settle();
-        double t0 = now_ms();
+        double t0 = gc_now_ms();
         for (int i = 0; i < n_dev; i++)
-            CHECK(cuMemAlloc(&d[i], 4 * KIB));
-        double t1 = now_ms();
-        CHECK(cuCtxSynchronize());
-        double t2 = now_ms();
+            GC_CHECK(cuMemAlloc(&d[i], 4 * KIB));
+        double t1 = gc_now_ms();
+        GC_CHECK(cuCtxSynchronize());
+        double t2 = gc_now_ms();
         for (int i = 0; i < n_dev; i++)
-            CHECK(cuMemFree(d[i]));
-        double t3 = now_ms();
+            GC_CHECK(cuMemFree(d[i]));
+        double t3 = gc_now_ms();
         gpu_settle();
 
-        double t4 = now_ms();
+        double t4 = gc_now_ms();
         for (int i = 0; i < n_host; i++)
-            CHECK(cuMemAllocHost(&h[i], 4 * KIB));
-        double t5 = now_ms();
-        CHECK(cuCtxSynchronize());
-        double t6 = now_ms();
+            GC_CHECK(cuMemAllocHost(&h[i], 4 * KIB));
+        double t5 = gc_now_ms();
+        GC_CHECK(cuCtxSynchronize());
+        double t6 = gc_now_ms();
         for (int i = 0; i < n_host; i++)
-            CHECK(cuMemFreeHost(h[i]));
-        double t7 = now_ms();
+            GC_CHECK(cuMemFreeHost(h[i]));
+        double t7 = gc_now_ms();
         gpu_settle();
 
         double ns_direct = time_get_current(direct, n_calls);
         double ns_procaddr = time_get_current(procaddr, n_calls);
         double ns_dlsym = time_get_current(viadlsym, n_calls);
 
-        double t8 = now_ms();
+        double t8 = gc_now_ms();
         for (long i = 0; i < n_free0; i++)
-            CHECK(cuMemFree(0));
-        double t9 = now_ms();
+            GC_CHECK(cuMemFree(0));
+        double t9 = gc_now_ms();
 
         printf("R cost run=%d alloc_us=%.4f free_us=%.4f allochost_us=%.4f freehost_us=%.4f "
                "getcurrent_direct_ns=%.3f getcurrent_procaddr_ns=%.3f getcurrent_dlsym_ns=%.3f "
@@ -759,7 +546,7 @@ static int child_main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!opt.mode || (strcmp(opt.mode, "none") != 0 && strcmp(opt.mode, "cudefer") != 0))
-        die("--mode none|cudefer is required with --child");
+        gc_die("--mode none|cudefer is required with --child");
     gpu_open();
     if (strcmp(opt.child, "stall") == 0)
         child_stall();
@@ -768,7 +555,7 @@ static int child_main(void)
     else if (strcmp(opt.child, "cost") == 0)
         child_cost();
     else
-        die("unknown child section %s", opt.child);
+        gc_die("unknown child section %s", opt.child);
     gpu_close();
     printf("R done section=%s\n", opt.child);
     return 0;
@@ -800,7 +587,7 @@ static void *xrealloc(void *p, size_t n)
 {
     p = realloc(p, n);
     if (!p)
-        die("out of memory");
+        gc_die("out of memory");
     return p;
 }
 
@@ -808,7 +595,7 @@ static char *xstrdup(const char *s)
 {
     char *d = strdup(s);
     if (!d)
-        die("out of memory");
+        gc_die("out of memory");
     return d;
 }
 
@@ -843,7 +630,7 @@ static char *preload_without_shim(void)
     char *copy = xstrdup(cur ? cur : "");
     char *out = calloc(1, strlen(copy) + 1);
     if (!out)
-        die("out of memory");
+        gc_die("out of memory");
     char *save = NULL;
     for (char *e = strtok_r(copy, ": ", &save); e; e = strtok_r(NULL, ": ", &save)) {
         if (is_shim_entry(e))
@@ -903,7 +690,7 @@ static char **child_argv(const struct job *j)
 static double job_timeout_s(const struct job *j)
 {
     if (strcmp(j->section, "stall") == 0)
-        return (double)N_STALL_CASES * (opt.runs + 1) * (stall_kernel_ms() + 500.0) / 1e3 + 60;
+        return (double)N_RELEASE_CASES * (opt.runs + 1) * (stall_kernel_ms() + 500.0) / 1e3 + 60;
     return 120 + 20.0 * opt.runs;
 }
 
@@ -914,21 +701,21 @@ static void run_job(struct job *j)
     if (j->mode == MODE_CUDEFER) {
         rfd = mkstemp(report);
         if (rfd < 0)
-            die("mkstemp: %s", strerror(errno));
+            gc_die("mkstemp: %s", strerror(errno));
         close(rfd);
     }
     char *preload = preload_without_shim();
     int fds[2];
     if (pipe(fds) != 0)
-        die("pipe: %s", strerror(errno));
+        gc_die("pipe: %s", strerror(errno));
     fflush(stdout);
     fflush(stderr);
     if (log_file)
         fflush(log_file);
-    double t0 = now_ms();
+    double t0 = gc_now_ms();
     pid_t pid = fork();
     if (pid < 0)
-        die("fork: %s", strerror(errno));
+        gc_die("fork: %s", strerror(errno));
     if (pid == 0) {
         close(fds[0]);
         if (dup2(fds[1], STDOUT_FILENO) < 0)
@@ -961,7 +748,7 @@ static void run_job(struct job *j)
     size_t cap = 1 << 16, n = 0;
     char *buf = xrealloc(NULL, cap);
     for (;;) {
-        double left = limit_ms - (now_ms() - t0);
+        double left = limit_ms - (gc_now_ms() - t0);
         if (left <= 0) {
             timed_out = true;
             kill(pid, SIGKILL);
@@ -972,7 +759,7 @@ static void run_job(struct job *j)
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr < 0)
-            die("poll: %s", strerror(errno));
+            gc_die("poll: %s", strerror(errno));
         if (pr == 0)
             continue;
         if (n + 4096 > cap)
@@ -1003,7 +790,7 @@ static void run_job(struct job *j)
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    double secs = (now_ms() - t0) / 1e3;
+    double secs = (gc_now_ms() - t0) / 1e3;
 
     bool done = j->n_lines > 0 && strncmp(j->lines[j->n_lines - 1], "R done", 6) == 0;
     if (timed_out)
@@ -1248,12 +1035,12 @@ static void print_stall(struct job *jobs)
     printf("ms, median of %d runs (min–max). \"caller\": how long the releasing call blocked; "
            "\"launch\": how long a cuLaunchKernel made by another thread %.0f ms into the "
            "release (tiny kernel, third stream) blocked. Ratio: without / with cudefer.\n\n",
-           opt.runs, LAUNCH_DELAY_MS);
+           opt.runs, RELEASE_LAUNCH_DELAY_MS);
     printf("| release | caller, no cudefer | caller, cudefer | ratio | launch, no cudefer | "
            "launch, cudefer | ratio |\n|---|---|---|---|---|---|---|\n");
     int not_running = 0;
-    for (size_t i = 0; i < N_STALL_CASES; i++) {
-        const char *id = stall_cases[i].id;
+    for (size_t i = 0; i < N_RELEASE_CASES; i++) {
+        const char *id = release_cases[i].id;
         struct series rn = collect(none, "stall", "case", id, "release_ms");
         struct series rc = collect(cd, "stall", "case", id, "release_ms");
         struct series ln = collect(none, "stall", "case", id, "launch_ms");
@@ -1270,7 +1057,7 @@ static void print_stall(struct job *jobs)
         fmt_cell(d, sizeof d, ln);
         fmt_cell(e, sizeof e, lc);
         fmt_ratio(f, sizeof f, ln, lc);
-        printf("| %s | %s | %s | %s | %s | %s | %s |\n", stall_cases[i].label, a, b, c, d, e, f);
+        printf("| %s | %s | %s | %s | %s | %s | %s |\n", release_cases[i].label, a, b, c, d, e, f);
     }
     if (not_running)
         printf("\nWARNING: in %d measurement(s) the long kernel had already finished before the "
@@ -1420,9 +1207,9 @@ static void find_shim(void)
     if ((!p || !*p) && v && dladdr(v, &info) && info.dli_fname)
         p = info.dli_fname;
     if (!p || !*p)
-        die("where is libcudefer.so? Pass --shim PATH or set CUDEFER_SHIM");
+        gc_die("where is libcudefer.so? Pass --shim PATH or set CUDEFER_SHIM");
     if (!realpath(p, shim_path))
-        die("the shim %s: %s", p, strerror(errno));
+        gc_die("the shim %s: %s", p, strerror(errno));
 }
 
 static void usage(const char *argv0)
@@ -1470,6 +1257,14 @@ static void parse_args(int argc, char **argv)
 int main(int argc, char **argv)
 {
     parse_args(argc, argv);
+    /* A failure (gc_die, GC_CHECK) names the program, and the child, and
+     * exits with 1. */
+    if (opt.child)
+        snprintf(gc_failure.prefix, sizeof gc_failure.prefix, "cudefer-loops (child %s, %s): ",
+                 opt.child, opt.mode ? opt.mode : "?");
+    else
+        snprintf(gc_failure.prefix, sizeof gc_failure.prefix, "cudefer-loops: ");
+    gc_failure.status = 1;
     if (opt.child)
         return child_main();
 
@@ -1477,12 +1272,12 @@ int main(int argc, char **argv)
     find_shim();
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
     if (n <= 0)
-        die("readlink /proc/self/exe: %s", strerror(errno));
+        gc_die("readlink /proc/self/exe: %s", strerror(errno));
     self_exe[n] = 0;
     if (opt.log) {
         log_file = fopen(opt.log, "w");
         if (!log_file)
-            die("cannot write %s: %s", opt.log, strerror(errno));
+            gc_die("cannot write %s: %s", opt.log, strerror(errno));
     }
 
     bool want_stall = section_wanted("stall"), want_loops = section_wanted("loops");
@@ -1508,7 +1303,7 @@ int main(int argc, char **argv)
     if (want_stall) {
         for (int m = 0; m < N_MODES; m++) {
             run_job(&stall[m]);
-            expect_lines(&stall[m], "stall", (int)N_STALL_CASES * opt.runs);
+            expect_lines(&stall[m], "stall", (int)N_RELEASE_CASES * opt.runs);
         }
         first = stall;
     }

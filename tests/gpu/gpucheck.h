@@ -12,6 +12,9 @@
  * such a run has no RESULT line, which the report shows as a failure.
  * Calls whose return code is the finding are not wrapped; their codes are
  * printed by name (gc_rc).
+ *
+ * cudefer-loops (bench/loops.c) uses these helpers too, with a prefix and
+ * an exit status of its own for failures (gc_failure).
  */
 #ifndef CUDEFER_GPUCHECK_H
 #define CUDEFER_GPUCHECK_H
@@ -51,11 +54,21 @@ static inline const char *gc_rc(CUresult rc)
     return unknown;
 }
 
+/* How a failure ends the program: gc_fail and gc_die write the prefix and
+ * their message to stderr and exit with the status. The checks keep "" and
+ * 2; a program may set other ones before its first call of either. */
+static struct {
+    char prefix[256];
+    int status;
+} gc_failure = {"", 2};
+
+/* Ends the program for a CUDA call that failed. */
 static inline void gc_fail(const char *what, CUresult rc, const char *file, int line)
 {
     fflush(stdout);
-    fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", file, line, what, gc_rc(rc), (int)rc);
-    exit(2);
+    fprintf(stderr, "%s%s:%d: %s failed: %s (%d)\n", gc_failure.prefix, file, line, what,
+            gc_rc(rc), (int)rc);
+    exit(gc_failure.status);
 }
 
 #define GC_CHECK(call)                                                      \
@@ -70,11 +83,12 @@ static inline void gc_die(const char *fmt, ...)
 {
     va_list ap;
     fflush(stdout);
+    fputs(gc_failure.prefix, stderr);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    exit(2);
+    exit(gc_failure.status);
 }
 
 static inline void *gc_xmalloc(size_t bytes)
