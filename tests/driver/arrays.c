@@ -62,13 +62,10 @@ static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsign
 /* Creates an array object of kind (TD_OBJ_ARRAY or TD_OBJ_MIPMAP). */
 static CUresult array_create(void **out, size_t bytes, enum td_objkind kind)
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = td_enter_unsafe(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (!out || bytes == 0)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     if (!td_cap_take(TD_CAP_DEVICE, bytes))
@@ -121,17 +118,16 @@ TD_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
 }
 
 /* Destroys an array: validated at once, then a waiting release; no
- * current context needed (td_release_front). The handle is dead from the
+ * current context needed (td_enter_release). The handle is dead from the
  * start (a second destroy fails at once). */
 static CUresult array_destroy(void *h, enum td_objkind kind)
 {
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
     struct td_ctx *c;
     struct td_obj *o;
-    if ((rc = td_release_front(&c)) != CUDA_SUCCESS ||
-        (rc = td_obj_get(h, kind, &o)) != CUDA_SUCCESS)
+    CUresult rc = td_enter_release(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_obj_get(h, kind, &o)) != CUDA_SUCCESS)
         return td_leave(rc);
     struct td_array *a = (struct td_array *)o;
     a->h.released = true;

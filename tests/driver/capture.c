@@ -148,14 +148,10 @@ static bool mode_valid(CUstreamCaptureMode mode)
  * this existing graph (cuStreamBeginCaptureToGraph) or NULL. */
 static CUresult begin_capture(CUstream h, bool ptsz, CUstreamCaptureMode mode, CUgraph graph)
 {
-    CUresult rc = td_enter();
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(h, ptsz, mode_valid(mode), &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!mode_valid(mode))
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_stream *s;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_obj *g = NULL;
     if (graph && (rc = td_obj_get(graph, TD_OBJ_GRAPH, &g)) != CUDA_SUCCESS)
         return td_leave(rc);
@@ -234,14 +230,10 @@ TD_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and a NULL graph. */
 static CUresult end_capture(CUstream h, bool ptsz, CUgraph *phGraph)
 {
-    CUresult rc = td_enter();
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(h, ptsz, phGraph != NULL, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!phGraph)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_stream *s;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_capture *cap = s->capture;
     if (!cap)
         return td_leave(CUDA_ERROR_ILLEGAL_STATE);
@@ -281,14 +273,10 @@ TD_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
  * invalidated (as documented). */
 static CUresult is_capturing(CUstream h, bool ptsz, CUstreamCaptureStatus *status)
 {
-    CUresult rc = td_enter();
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(h, ptsz, status != NULL, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!status)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_stream *s;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (s->type == TD_ST_LEGACY && blocking_capture(s->h.ctx, false))
         return td_leave(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
     *status = !s->capture ? CU_STREAM_CAPTURE_STATUS_NONE
@@ -312,11 +300,9 @@ TD_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureSta
 TD_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
     TD_COUNT(cuThreadExchangeStreamCaptureMode);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(mode && mode_valid(*mode));
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!mode || !mode_valid(*mode))
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     CUstreamCaptureMode old = td_tls.mode;
     td_tls.mode = *mode;
     *mode = old;
@@ -326,14 +312,10 @@ TD_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 TD_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
 {
     TD_COUNT(cuGraphDestroy);
-    CUresult rc = td_enter();
+    struct td_obj *g;
+    CUresult rc = td_enter_obj(hGraph, TD_OBJ_GRAPH, hGraph != NULL, &g);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!hGraph)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_obj *g;
-    if ((rc = td_obj_get(hGraph, TD_OBJ_GRAPH, &g)) != CUDA_SUCCESS)
-        return td_leave(rc);
     for (struct td_capture *c = td.captures; c; c = c->next)
         if (c->graph == (struct td_graph *)g)
             return td_leave(CUDA_ERROR_ILLEGAL_STATE);

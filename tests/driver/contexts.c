@@ -46,17 +46,24 @@ static struct td_ctx *stack_pop(void)
 /* ------------------------------------------------------------------ */
 /* Lookups used by every other file                                    */
 
-CUresult td_cur_ctx(struct td_ctx **out)
+/* The end of a context lookup that found c: NULL (unknown handle, or no
+ * current context) -> CUDA_ERROR_INVALID_CONTEXT; destroyed (and not
+ * dead_ok) -> counted as a dead call, dead_rc; else *out = c. */
+static CUresult ctx_found(struct td_ctx *c, bool dead_ok, CUresult dead_rc, struct td_ctx **out)
 {
-    struct td_ctx *c = stack_top();
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (!c->alive) {
+    if (!c->alive && !dead_ok) {
         td_dead_call();
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        return dead_rc;
     }
     *out = c;
     return CUDA_SUCCESS;
+}
+
+CUresult td_cur_ctx(struct td_ctx **out)
+{
+    return ctx_found(stack_top(), false, CUDA_ERROR_CONTEXT_IS_DESTROYED, out);
 }
 
 CUresult td_cur_ctx_usable(struct td_ctx **out)
@@ -67,19 +74,20 @@ CUresult td_cur_ctx_usable(struct td_ctx **out)
     return rc;
 }
 
+CUresult td_cur_ctx_unsafe(struct td_ctx **out)
+{
+    CUresult rc = td_cur_ctx_usable(out);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_capture_check_unsafe();
+}
+
 CUresult td_ctx_arg(CUcontext h, struct td_ctx **out)
 {
     if (!h)
         return td_cur_ctx(out);
     struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
-    if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (!c->alive) {
-        td_dead_call();
-        return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    *out = c;
-    return CUDA_SUCCESS;
+    return ctx_found(c, false, CUDA_ERROR_INVALID_CONTEXT, out);
 }
 
 /* A context handle for the stack operations: known contexts only; a
@@ -88,14 +96,17 @@ CUresult td_ctx_arg(CUcontext h, struct td_ctx **out)
 static CUresult ctx_for_stack(CUcontext h, struct td_ctx **out)
 {
     struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
-    if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (!c->alive && !c->primary) {
-        td_dead_call();
-        return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    *out = c;
-    return CUDA_SUCCESS;
+    return ctx_found(c, c && c->primary, CUDA_ERROR_INVALID_CONTEXT, out);
+}
+
+/* td_enter_args, then td_ctx_arg(h): the front of a call on a context
+ * passed explicitly (NULL: current). */
+static CUresult ctx_arg_enter(CUcontext h, bool args_ok, struct td_ctx **out)
+{
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = td_ctx_arg(h, out)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -259,11 +270,9 @@ TD_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 TD_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     TD_COUNT(cuCtxGetCurrent);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(pctx != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pctx)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     *pctx = (CUcontext)stack_top();
     return td_leave(CUDA_SUCCESS);
 }
@@ -290,11 +299,9 @@ TD_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 static CUresult ctx_push(CUcontext ctx)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(ctx != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!ctx)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_ctx *c;
     if ((rc = ctx_for_stack(ctx, &c)) != CUDA_SUCCESS)
         return td_leave(rc);
@@ -342,14 +349,10 @@ TD_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 /* Device of a context (NULL: current). */
 static CUresult ctx_get_device(CUdevice *device, CUcontext h)
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = ctx_arg_enter(h, device != NULL, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!device)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = td_ctx_arg(h, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *device = c->dev;
     return td_leave(CUDA_SUCCESS);
 }
@@ -369,14 +372,10 @@ TD_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 TD_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
     TD_COUNT(cuCtxGetApiVersion);
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = ctx_arg_enter(ctx, version != NULL, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!version)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = td_ctx_arg(ctx, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *version = 3020;
     return td_leave(CUDA_SUCCESS);
 }
@@ -409,9 +408,7 @@ static CUresult ctx_synchronize(CUcontext h)
         return td_leave(c->sticky);
     struct td_deps deps = { 0 };
     td_ctx_snapshot(c, &deps);
-    td_wait_deps(&deps);
-    td_pending_cover(&deps);
-    td_deps_free(&deps);
+    td_host_sync(&deps);
     return td_leave(c->sticky);
 }
 
@@ -438,17 +435,23 @@ static CUresult primary_get(CUdevice dev, struct td_ctx **out)
     return CUDA_SUCCESS;
 }
 
+/* td_enter_args, then primary_get: the front of the primary-context
+ * calls. */
+static CUresult primary_enter(CUdevice dev, bool args_ok, struct td_ctx **out)
+{
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = primary_get(dev, out)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
+}
+
 TD_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     TD_COUNT(cuDevicePrimaryCtxRetain);
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = primary_enter(dev, pctx != NULL, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pctx)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (!c->alive)
         ctx_activate(c);
     c->refcount++;
@@ -459,12 +462,10 @@ TD_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 /* Drops one retain; the last one tears the context down. */
 static CUresult primary_release(CUdevice dev)
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = primary_enter(dev, true, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (!c->alive || c->refcount <= 0)
         return td_leave(CUDA_ERROR_INVALID_CONTEXT);
     if (--c->refcount == 0)
@@ -487,12 +488,10 @@ TD_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 /* Tears the primary context down whatever its retain count. */
 static CUresult primary_reset(CUdevice dev)
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = primary_enter(dev, true, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (c->alive) {
         c->refcount = 0;
         ctx_teardown(c);
@@ -515,14 +514,10 @@ TD_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 TD_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     TD_COUNT(cuDevicePrimaryCtxGetState);
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = primary_enter(dev, flags && active, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!flags || !active)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = primary_get(dev, &c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *flags = c->flags;
     *active = c->alive ? 1 : 0;
     return td_leave(CUDA_SUCCESS);

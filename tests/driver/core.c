@@ -50,6 +50,14 @@ CUresult td_enter(void)
     return CUDA_SUCCESS;
 }
 
+CUresult td_enter_args(bool args_ok)
+{
+    CUresult rc = td_enter();
+    if (rc == CUDA_SUCCESS && !args_ok)
+        rc = td_leave(CUDA_ERROR_INVALID_VALUE);
+    return rc;
+}
+
 CUresult td_leave(CUresult rc)
 {
     pthread_mutex_unlock(&td.mu);
@@ -186,7 +194,8 @@ struct td_obj *td_obj_find(const void *h, enum td_objkind kind)
     return NULL;
 }
 
-CUresult td_release_front(struct td_ctx **c)
+/* The checks of td_enter_release, td.mu held (and kept either way). */
+static CUresult release_front(struct td_ctx **c)
 {
     td_note_wait_call();
     *c = NULL;
@@ -197,6 +206,19 @@ CUresult td_release_front(struct td_ctx **c)
         return rc;
     return td_capture_check_unsafe();
 }
+
+/* td_enter, then front(c); td.mu is dropped again if front fails. */
+static CUresult enter_with(CUresult (*front)(struct td_ctx **c), struct td_ctx **c)
+{
+    CUresult rc = td_enter();
+    if (rc == CUDA_SUCCESS && (rc = front(c)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
+}
+
+CUresult td_enter_release(struct td_ctx **c) { return enter_with(release_front, c); }
+
+CUresult td_enter_unsafe(struct td_ctx **c) { return enter_with(td_cur_ctx_unsafe, c); }
 
 CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out)
 {
@@ -209,6 +231,14 @@ CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out)
     }
     *out = o;
     return CUDA_SUCCESS;
+}
+
+CUresult td_enter_obj(const void *h, enum td_objkind kind, bool args_ok, struct td_obj **out)
+{
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = td_obj_get(h, kind, out)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -259,6 +289,13 @@ static bool deps_done_cb(void *arg) { return td_deps_done(arg); }
 void td_wait_deps(const struct td_deps *d)
 {
     td_block_until(deps_done_cb, (void *)d);
+}
+
+void td_host_sync(struct td_deps *d)
+{
+    td_wait_deps(d);
+    td_pending_cover(d);
+    td_deps_free(d);
 }
 
 /* ------------------------------------------------------------------ */

@@ -104,16 +104,21 @@ static CUresult dev_check(CUdevice dev)
     return dev < 0 || dev >= td.ndevices ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
+/* td_enter_args, then dev_check: the front of the device queries. */
+static CUresult dev_enter(CUdevice dev, bool args_ok)
+{
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = dev_check(dev)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
+}
+
 TD_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     TD_COUNT(cuDeviceGet);
-    CUresult rc = td_enter();
+    CUresult rc = dev_enter(ordinal, device != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!device)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if (dev_check(ordinal) != CUDA_SUCCESS)
-        return td_leave(CUDA_ERROR_INVALID_DEVICE);
     *device = ordinal;
     return td_leave(CUDA_SUCCESS);
 }
@@ -121,11 +126,9 @@ TD_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 TD_EXPORT CUresult cuDeviceGetCount(int *count)
 {
     TD_COUNT(cuDeviceGetCount);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(count != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!count)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     *count = td.ndevices;
     return td_leave(CUDA_SUCCESS);
 }
@@ -133,13 +136,9 @@ TD_EXPORT CUresult cuDeviceGetCount(int *count)
 TD_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     TD_COUNT(cuDeviceGetName);
-    CUresult rc = td_enter();
+    CUresult rc = dev_enter(dev, name && len > 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!name || len <= 0)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = dev_check(dev)) != CUDA_SUCCESS)
-        return td_leave(rc);
     snprintf(name, (size_t)len, "cudefer test driver device %d (not a GPU)", dev);
     return td_leave(CUDA_SUCCESS);
 }
@@ -147,13 +146,9 @@ TD_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 /* Total device memory of dev into *bytes (lock taken here). */
 static CUresult total_mem(size_t *bytes, CUdevice dev)
 {
-    CUresult rc = td_enter();
+    CUresult rc = dev_enter(dev, bytes != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!bytes)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = dev_check(dev)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *bytes = td.cap_total[TD_CAP_DEVICE];
     return td_leave(CUDA_SUCCESS);
 }
@@ -233,13 +228,9 @@ static int attribute_value(CUdevice_attribute a, CUdevice dev)
 TD_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     TD_COUNT(cuDeviceGetAttribute);
-    CUresult rc = td_enter();
+    CUresult rc = dev_enter(dev, pi && (int)attrib > 0 && attrib < CU_DEVICE_ATTRIBUTE_MAX);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = dev_check(dev)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *pi = attribute_value(attrib, dev);
     return td_leave(CUDA_SUCCESS);
 }
@@ -247,13 +238,9 @@ TD_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUde
 TD_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
     TD_COUNT(cuDeviceGetDefaultMemPool);
-    CUresult rc = td_enter();
+    CUresult rc = dev_enter(dev, pool_out != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pool_out)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = dev_check(dev)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *pool_out = (CUmemoryPool)td.default_pool[dev];
     return td_leave(CUDA_SUCCESS);
 }

@@ -28,6 +28,13 @@ static void event_rerecord(struct td_event *ev, struct td_capture *cap)
     ev->capture = cap;
 }
 
+/* Adds every dependency of from to to. */
+static void deps_add_all(struct td_deps *to, const struct td_deps *from)
+{
+    for (size_t i = 0; i < from->n; i++)
+        td_deps_add(to, from->v[i].s, from->v[i].seq);
+}
+
 /* Sets the completion time of a finished record whose time is not known
  * yet (context records: no op marks their end). */
 static void event_settle(struct td_event *ev)
@@ -89,11 +96,9 @@ TD_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
  * capture). */
 static CUresult event_record(CUevent hev, CUstream hs, bool ptsz, unsigned flags)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(!(flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL));
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_event *ev;
     struct td_stream *s;
     bool captured;
@@ -193,11 +198,8 @@ TD_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
         return td_leave(rc);
     struct td_deps deps = { 0 };
     uint64_t gen = ev->gen;
-    for (size_t i = 0; i < ev->deps.n; i++)
-        td_deps_add(&deps, ev->deps.v[i].s, ev->deps.v[i].seq);
-    td_wait_deps(&deps);
-    td_pending_cover(&deps);
-    td_deps_free(&deps);
+    deps_add_all(&deps, &ev->deps);
+    td_host_sync(&deps);
     if (!ev->h.released && ev->gen == gen)
         event_settle(ev);
     return td_leave(ev->h.ctx->sticky);
@@ -205,11 +207,9 @@ TD_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 
 static CUresult elapsed_time(float *ms, CUevent hstart, CUevent hend)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(ms != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!ms)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_event *a, *b;
     if ((rc = event_get(hstart, &a)) != CUDA_SUCCESS ||
         (rc = event_get(hend, &b)) != CUDA_SUCCESS)
@@ -261,16 +261,13 @@ static CUresult wait_captured_event(struct td_stream *s, struct td_event *ev, bo
 
 static CUresult stream_wait_event(CUstream hs, bool ptsz, CUevent hev, unsigned flags)
 {
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_stream *s;
     struct td_event *ev;
     bool captured;
-    if ((rc = td_stream_get(hs, ptsz, &s)) != CUDA_SUCCESS ||
-        (rc = event_get(hev, &ev)) != CUDA_SUCCESS ||
+    CUresult rc = td_enter_stream(hs, ptsz, !(flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL), &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = event_get(hev, &ev)) != CUDA_SUCCESS ||
         (rc = td_stream_submit_check(s, &captured)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (ev->capture)
@@ -280,8 +277,7 @@ static CUresult stream_wait_event(CUstream hs, bool ptsz, CUevent hev, unsigned 
         td_capture_record(s, op);
         return td_leave(CUDA_SUCCESS);
     }
-    for (size_t i = 0; i < ev->deps.n; i++)
-        td_deps_add(&op->deps, ev->deps.v[i].s, ev->deps.v[i].seq);
+    deps_add_all(&op->deps, &ev->deps);
     return td_leave(td_stream_enqueue(s, op));
 }
 
@@ -305,19 +301,30 @@ TD_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
  * not find them). Lock held. */
 static bool ctx_events_supported(void) { return td.version >= 12050; }
 
-TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
+/* td_enter, then the front of cuCtxRecordEvent / cuCtxWaitEvent: the
+ * version check, the context (NULL: current), the event. CUDA_SUCCESS with
+ * td.mu held, or an error without it. */
+static CUresult ctx_event_enter(CUcontext hctx, CUevent hev, struct td_ctx **c,
+                                struct td_event **ev)
 {
-    TD_COUNT(cuCtxRecordEvent);
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
         return rc;
     if (!ctx_events_supported())
         return td_leave(CUDA_ERROR_NOT_SUPPORTED);
+    if ((rc = td_ctx_arg(hctx, c)) != CUDA_SUCCESS || (rc = event_get(hev, ev)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    return CUDA_SUCCESS;
+}
+
+TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
+{
+    TD_COUNT(cuCtxRecordEvent);
     struct td_ctx *c;
     struct td_event *ev;
-    if ((rc = td_ctx_arg(hCtx, &c)) != CUDA_SUCCESS ||
-        (rc = event_get(hEvent, &ev)) != CUDA_SUCCESS)
-        return td_leave(rc);
+    CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (ev->h.ctx != c)
         return td_leave(CUDA_ERROR_INVALID_HANDLE);
     if (td_capture_in_ctx(c)) {
@@ -334,16 +341,11 @@ TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
 TD_EXPORT CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
 {
     TD_COUNT(cuCtxWaitEvent);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!ctx_events_supported())
-        return td_leave(CUDA_ERROR_NOT_SUPPORTED);
     struct td_ctx *c;
     struct td_event *ev;
-    if ((rc = td_ctx_arg(hCtx, &c)) != CUDA_SUCCESS ||
-        (rc = event_get(hEvent, &ev)) != CUDA_SUCCESS)
-        return td_leave(rc);
+    CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (ev->capture || td_capture_in_ctx(c)) {
         if (ev->capture && !ev->capture->ended)
             td_capture_invalidate(ev->capture);
@@ -352,7 +354,6 @@ TD_EXPORT CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
     }
     if (c->sticky != CUDA_SUCCESS)
         return td_leave(c->sticky);
-    for (size_t i = 0; i < ev->deps.n; i++)
-        td_deps_add(&c->wait_deps, ev->deps.v[i].s, ev->deps.v[i].seq);
+    deps_add_all(&c->wait_deps, &ev->deps);
     return td_leave(CUDA_SUCCESS);
 }

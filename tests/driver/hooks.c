@@ -112,11 +112,9 @@ TD_EXPORT CUresult testdrv_launch(CUstream s, unsigned usec, CUdeviceptr ptr, si
 TD_EXPORT CUresult testdrv_launch_spin(CUstream s, const volatile int *flag)
 {
     TD_COUNT(testdrv_launch_spin);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(flag != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!flag)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_op *op = td_op_new(TD_OP_SPIN);
     op->u.spin.flag = flag;
     return td_leave(td_launch_op(s, false, NULL, op));
@@ -180,20 +178,17 @@ TD_EXPORT uint64_t testdrv_dead_context_calls(void) { return read_u64(&td.dead_c
 
 TD_EXPORT uint64_t testdrv_invalidated_captures(void) { return read_u64(&td.invalidated); }
 
-TD_EXPORT void testdrv_set_device_capacity(size_t bytes)
+/* Sets one capacity under the lock (the hooks work before cuInit) and
+ * wakes the waiters. */
+static void set_capacity(enum td_cap cap, size_t bytes)
 {
     pthread_mutex_lock(&td.mu);
     td_config_ensure();
-    td.cap_total[TD_CAP_DEVICE] = bytes;
+    td.cap_total[cap] = bytes;
     pthread_cond_broadcast(&td.cv);
     pthread_mutex_unlock(&td.mu);
 }
 
-TD_EXPORT void testdrv_set_host_capacity(size_t bytes)
-{
-    pthread_mutex_lock(&td.mu);
-    td_config_ensure();
-    td.cap_total[TD_CAP_HOST] = bytes;
-    pthread_cond_broadcast(&td.cv);
-    pthread_mutex_unlock(&td.mu);
-}
+TD_EXPORT void testdrv_set_device_capacity(size_t bytes) { set_capacity(TD_CAP_DEVICE, bytes); }
+
+TD_EXPORT void testdrv_set_host_capacity(size_t bytes) { set_capacity(TD_CAP_HOST, bytes); }

@@ -300,6 +300,11 @@ CUresult td_enter(void);
  * (CUDA_ERROR_DEINITIALIZED). */
 CUresult td_enter_any(void);
 
+/* td_enter, then the caller's check of its arguments: args_ok false ->
+ * CUDA_ERROR_INVALID_VALUE. Like td_enter (and every td_enter_* helper):
+ * CUDA_SUCCESS with td.mu held, or an error without it. */
+CUresult td_enter_args(bool args_ok);
+
 /* Drops td.mu and returns rc (for `return td_leave(rc);`). */
 CUresult td_leave(CUresult rc);
 
@@ -334,6 +339,9 @@ struct td_obj *td_obj_find(const void *h, enum td_objkind kind);
  * CUDA_ERROR_INVALID_CONTEXT. */
 CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out);
 
+/* td_enter_args, then td_obj_get: the front of a call on one handle. */
+CUresult td_enter_obj(const void *h, enum td_objkind kind, bool args_ok, struct td_obj **out);
+
 /* Allocates zeroed memory or aborts (the driver does not survive malloc
  * failure; neither would a test). */
 void *td_xcalloc(size_t n, size_t size);
@@ -346,6 +354,11 @@ bool td_deps_done(const struct td_deps *d);
 
 /* Blocks until every dependency in d has completed (td_block_until). */
 void td_wait_deps(const struct td_deps *d);
+
+/* A host synchronisation on d (may wait): waits for it (td_wait_deps),
+ * gives back the stream-ordered frees it covers (td_pending_cover), then
+ * frees d. */
+void td_host_sync(struct td_deps *d);
 
 /* Adds bytes to the live counters of a kind (negative to remove). */
 void td_live_add(enum testdrv_kind kind, long count, long long bytes);
@@ -369,15 +382,25 @@ CUresult td_cur_ctx(struct td_ctx **out);
 /* td_cur_ctx, then the context's sticky error if it has one. */
 CUresult td_cur_ctx_usable(struct td_ctx **out);
 
-/* Front of every waiting release (cuMemFree*, cuMemFreeHost,
- * cuMemHostUnregister, cuArrayDestroy, cuMipmappedArrayDestroy,
- * cuModuleUnload): counts the wait call, then the current context - none
- * is fine (measured on an H200, driver 580.159.04, 2026-11-29: each of
- * these releases with no current context releases the object and returns
- * CUDA_SUCCESS; the object names its context), a destroyed or sticky one
- * is not - then the capture rules. *c is NULL when no context is
- * current. */
-CUresult td_release_front(struct td_ctx **c);
+/* td_cur_ctx_usable, then td_capture_check_unsafe: the front of a
+ * potentially unsafe call in the current context (allocations, synchronous
+ * copies and memset, module loads, array creation). */
+CUresult td_cur_ctx_unsafe(struct td_ctx **out);
+
+/* td_enter, then td_cur_ctx_unsafe. CUDA_SUCCESS with td.mu held, or an
+ * error without it. */
+CUresult td_enter_unsafe(struct td_ctx **out);
+
+/* td_enter, then the front of every waiting release (cuMemFree*,
+ * cuMemFreeHost, cuMemHostUnregister, cuArrayDestroy,
+ * cuMipmappedArrayDestroy, cuModuleUnload): counts the wait call, then the
+ * current context - none is fine (measured on an H200, driver 580.159.04,
+ * 2026-11-29: each of these releases with no current context releases the
+ * object and returns CUDA_SUCCESS; the object names its context), a
+ * destroyed or sticky one is not - then the capture rules. *c is NULL when
+ * no context is current. CUDA_SUCCESS with td.mu held, or an error
+ * without it. */
+CUresult td_enter_release(struct td_ctx **c);
 
 /* Validates a context handle passed explicitly (NULL means current):
  * unknown -> CUDA_ERROR_INVALID_CONTEXT; destroyed -> counted,
@@ -391,6 +414,9 @@ CUresult td_ctx_arg(CUcontext h, struct td_ctx **out);
  * NULL/CU_STREAM_LEGACY/CU_STREAM_PER_THREAD need a current context.
  * Checks the owning context is alive but not its sticky error. */
 CUresult td_stream_get(CUstream h, bool ptsz, struct td_stream **out);
+
+/* td_enter_args, then td_stream_get: the front of a call on one stream. */
+CUresult td_enter_stream(CUstream h, bool ptsz, bool args_ok, struct td_stream **out);
 
 /* True for streams that synchronise with the legacy stream: blocking user
  * streams and per-thread default streams. */

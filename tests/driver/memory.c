@@ -291,20 +291,19 @@ void td_mem_teardown_ctx(struct td_ctx *ctx)
 /* ------------------------------------------------------------------ */
 /* Allocation                                                          */
 
-/* Front of every allocating call: a usable current context and the
- * capture rules. */
-static CUresult alloc_front(struct td_ctx **c)
+/* The rest of an allocating call whose arguments passed (td.mu held): a
+ * usable current context and the capture rules (td_cur_ctx_unsafe), a
+ * non-zero size, then a context-owned allocation of kind (DEVICE, HOST or
+ * MANAGED); its base goes to *base_out. */
+static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, bool low,
+                          uintptr_t *base_out)
 {
-    CUresult rc = td_cur_ctx_usable(c);
+    struct td_ctx *c;
+    CUresult rc = td_cur_ctx_unsafe(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return td_capture_check_unsafe();
-}
-
-/* Makes a context-owned allocation of kind (DEVICE, HOST or MANAGED). */
-static CUresult alloc_new(struct td_ctx *c, enum testdrv_kind kind, size_t size,
-                          unsigned flags, bool low, struct td_alloc **out)
-{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     enum td_cap cap = kind == TESTDRV_HOST ? TD_CAP_HOST : TD_CAP_DEVICE;
     if (!td_cap_take(cap, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -322,28 +321,17 @@ static CUresult alloc_new(struct td_ctx *c, enum testdrv_kind kind, size_t size,
     a->flags = flags;
     a->low = low;
     a->host_backed = kind != TESTDRV_DEVICE;
-    *out = a;
+    *base_out = a->base;
     return CUDA_SUCCESS;
 }
 
 /* cuMemAlloc*: device memory of the current context. */
 static CUresult mem_alloc(uintptr_t *out, size_t size, bool low)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(out != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    struct td_alloc *a;
-    if (!out)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    if (size == 0)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = alloc_new(c, TESTDRV_DEVICE, size, 0, low, &a)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    *out = a->base;
-    return td_leave(CUDA_SUCCESS);
+    return td_leave(alloc_new(TESTDRV_DEVICE, size, 0, low, out));
 }
 
 TD_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -413,23 +401,15 @@ TD_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch,
 /* cuMemAllocHost / cuMemHostAlloc: pinned host memory (host capacity). */
 static CUresult host_alloc(void **pp, size_t size, unsigned flags)
 {
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
     const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                            CU_MEMHOSTALLOC_WRITECOMBINED;
-    if (!pp || (flags & ~known))
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    struct td_alloc *a;
-    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    if (size == 0)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = alloc_new(c, TESTDRV_HOST, size, flags, false, &a)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    *pp = (void *)a->base;
-    return td_leave(CUDA_SUCCESS);
+    CUresult rc = td_enter_args(pp && !(flags & ~known));
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uintptr_t base;
+    if ((rc = alloc_new(TESTDRV_HOST, size, flags, false, &base)) == CUDA_SUCCESS)
+        *pp = (void *)base;
+    return td_leave(rc);
 }
 
 TD_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -454,21 +434,14 @@ TD_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags
 TD_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     TD_COUNT(cuMemAllocManaged);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(dptr &&
+                                (flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST));
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    struct td_alloc *a;
-    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    if (bytesize == 0)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = alloc_new(c, TESTDRV_MANAGED, bytesize, flags, false, &a)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    *dptr = (CUdeviceptr)a->base;
-    return td_leave(CUDA_SUCCESS);
+    uintptr_t base;
+    if ((rc = alloc_new(TESTDRV_MANAGED, bytesize, flags, false, &base)) == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)base;
+    return td_leave(rc);
 }
 
 /* cuMemHostRegister*: pins [p, p + size) of the program's memory (host
@@ -476,12 +449,10 @@ TD_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
  * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. Does not wait. */
 static CUresult host_register(void *p, size_t size, unsigned flags)
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = td_enter_unsafe(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = alloc_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (!p || size == 0 || (flags & ~0x0Fu) || (uintptr_t)p + size < (uintptr_t)p)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     if (reg_overlap((uintptr_t)p, size))
@@ -533,37 +504,50 @@ static CUresult release_wait_and_free(struct td_alloc *a, struct td_ctx *cur)
     return CUDA_SUCCESS;
 }
 
-/* cuMemFree*: device, pool or managed memory, by its base address; no
- * current context needed (see td_release_front). */
-static CUresult mem_free(uintptr_t p)
+/* A waiting release by base address (cuMemFree*, cuMemFreeHost); may
+ * wait. p 0 is CUDA_SUCCESS; CUDA_ERROR_INVALID_VALUE for a p that is not
+ * the base of a live allocation (see unknown_pointer), for an allocation
+ * whose release is under way and for one that takes(a) refuses. */
+static CUresult release_at(uintptr_t p, bool (*takes)(const struct td_alloc *a))
 {
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = td_enter_release(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (p == 0)
         return td_leave(CUDA_SUCCESS);
     struct td_alloc *a = td_alloc_at(p);
     if (!a)
         return td_leave(unknown_pointer(p, CUDA_ERROR_INVALID_VALUE));
-    if (a->busy || (a->kind != TESTDRV_DEVICE && a->kind != TESTDRV_MANAGED) ||
-        (a->pool && a->pool->kind == TESTDRV_HOST))
+    if (a->busy || !takes(a))
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     return td_leave(release_wait_and_free(a, c));
+}
+
+/* cuMemFree* takes device, pool or managed memory (not host pool memory),
+ * by its base address; no current context needed (see td_enter_release). */
+static bool mem_free_takes(const struct td_alloc *a)
+{
+    return (a->kind == TESTDRV_DEVICE || a->kind == TESTDRV_MANAGED) &&
+           !(a->pool && a->pool->kind == TESTDRV_HOST);
 }
 
 TD_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     TD_COUNT(cuMemFree_v2);
-    return mem_free((uintptr_t)dptr);
+    return release_at((uintptr_t)dptr, mem_free_takes);
 }
 
 TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     TD_COUNT(cuMemFree);
-    return mem_free((uintptr_t)dptr);
+    return release_at((uintptr_t)dptr, mem_free_takes);
+}
+
+/* cuMemFreeHost takes pinned memory of cuMemAllocHost / cuMemHostAlloc. */
+static bool free_host_takes(const struct td_alloc *a)
+{
+    return a->kind == TESTDRV_HOST && !a->pool;
 }
 
 /* cuMemFreeHost: memory from cuMemAllocHost / cuMemHostAlloc only; no
@@ -574,20 +558,7 @@ TD_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 TD_EXPORT CUresult cuMemFreeHost(void *p)
 {
     TD_COUNT(cuMemFreeHost);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct td_ctx *c;
-    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    if (!p)
-        return td_leave(CUDA_SUCCESS);
-    struct td_alloc *a = td_alloc_at((uintptr_t)p);
-    if (!a)
-        return td_leave(unknown_pointer((uintptr_t)p, CUDA_ERROR_INVALID_VALUE));
-    if (a->busy || a->kind != TESTDRV_HOST || a->pool)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    return td_leave(release_wait_and_free(a, c));
+    return release_at((uintptr_t)p, free_host_takes);
 }
 
 /* cuMemHostUnregister: p must be the base of a registration; no current
@@ -601,12 +572,10 @@ TD_EXPORT CUresult cuMemFreeHost(void *p)
 TD_EXPORT CUresult cuMemHostUnregister(void *p)
 {
     TD_COUNT(cuMemHostUnregister);
-    CUresult rc = td_enter();
+    struct td_ctx *c;
+    CUresult rc = td_enter_release(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (!p)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a = td_alloc_at((uintptr_t)p);
@@ -622,16 +591,22 @@ TD_EXPORT CUresult cuMemHostUnregister(void *p)
 /* ------------------------------------------------------------------ */
 /* Queries                                                             */
 
+/* td_enter_args, then a usable current context (which the query itself
+ * does not use): the front of the memory queries. */
+static CUresult query_enter(bool args_ok)
+{
+    struct td_ctx *c;
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
+}
+
 static CUresult mem_get_info(size_t *free_b, size_t *total_b)
 {
-    CUresult rc = td_enter();
+    CUresult rc = query_enter(free_b && total_b);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!free_b || !total_b)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *total_b = td.cap_total[TD_CAP_DEVICE];
     *free_b = *total_b - td.cap_used[TD_CAP_DEVICE];
     return td_leave(CUDA_SUCCESS);
@@ -661,12 +636,9 @@ TD_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
  * NULL); CUDA_ERROR_NOT_FOUND for a pointer of no live allocation. */
 static CUresult get_address_range(uintptr_t *pbase, size_t *psize, uintptr_t p)
 {
-    CUresult rc = td_enter();
+    CUresult rc = query_enter(true);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_ctx *c;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_alloc *a = td_alloc_covering(p, 0);
     if (!a)
         return td_leave(unknown_pointer(p, CUDA_ERROR_NOT_FOUND));
@@ -706,14 +678,9 @@ TD_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psi
 TD_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
 {
     TD_COUNT(cuMemHostGetFlags);
-    CUresult rc = td_enter();
+    CUresult rc = query_enter(pFlags != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pFlags)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_alloc *a = td_alloc_covering((uintptr_t)p, 0);
     if (!a || a->kind != TESTDRV_HOST)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
@@ -725,14 +692,9 @@ TD_EXPORT CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
  * device (unified addressing). */
 static CUresult host_get_device_pointer(uintptr_t *out, void *p, unsigned flags)
 {
-    CUresult rc = td_enter();
+    CUresult rc = query_enter(out && flags == 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!out || flags != 0)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_ctx *c;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_alloc *a = td_alloc_covering((uintptr_t)p, 0);
     if (!a || (a->kind != TESTDRV_HOST && a->kind != TESTDRV_REGISTERED))
         return td_leave(CUDA_ERROR_INVALID_VALUE);
@@ -813,11 +775,9 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attr, struct t
 TD_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     TD_COUNT(cuPointerGetAttribute);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(data != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!data)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a = td_alloc_covering((uintptr_t)ptr, 0);
     if (!a)
         return td_leave(unknown_pointer((uintptr_t)ptr, CUDA_ERROR_INVALID_VALUE));
@@ -857,8 +817,7 @@ static CUresult sync_copy(uintptr_t dev, void *host, size_t n, bool to_device, b
     td_note_wait_call();
     struct td_ctx *c;
     struct td_stream *s;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+    if ((rc = td_cur_ctx_unsafe(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (n == 0)
         return td_leave(CUDA_SUCCESS);
@@ -918,14 +877,11 @@ TD_EXPORT CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigne
  * set at once. */
 static CUresult memset_d8(uintptr_t dev, unsigned char v, size_t n, bool ptds)
 {
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
     struct td_ctx *c;
     struct td_stream *s;
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
-        return td_leave(rc);
+    CUresult rc = td_enter_unsafe(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (n == 0)
         return td_leave(CUDA_SUCCESS);
     struct td_alloc *a = td_alloc_covering(dev, n);

@@ -74,8 +74,7 @@ static CUresult module_load(CUmodule *out, const void *image)
     struct td_ctx *c;
     if (!out)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS ||
-        (rc = td_capture_check_unsafe()) != CUDA_SUCCESS)
+    if ((rc = td_cur_ctx_unsafe(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (!image)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
@@ -118,14 +117,10 @@ TD_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 TD_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
     TD_COUNT(cuModuleGetFunction);
-    CUresult rc = td_enter();
+    struct td_obj *o;
+    CUresult rc = td_enter_obj(hmod, TD_OBJ_MODULE, hfunc && name, &o);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!hfunc || !name)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_obj *o;
-    if ((rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *hfunc = (CUfunction)module_function((struct td_module *)o, name);
     return td_leave(CUDA_SUCCESS);
 }
@@ -135,17 +130,15 @@ TD_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
  * module of a destroyed context is an unknown handle: INVALID_HANDLE
  * (measured on an H200, driver 580.159.04, 2026-11-29: tests/gpu/conform.c
  * cuModuleUnload(after_ctx_destroy)); the call is still counted as one
- * naming a dead context. No current context is needed (td_release_front). */
+ * naming a dead context. No current context is needed (td_enter_release). */
 TD_EXPORT CUresult cuModuleUnload(CUmodule hmod)
 {
     TD_COUNT(cuModuleUnload);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
     struct td_ctx *c;
     struct td_obj *o;
-    if ((rc = td_release_front(&c)) != CUDA_SUCCESS)
-        return td_leave(rc);
+    CUresult rc = td_enter_release(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if ((rc = td_obj_get(hmod, TD_OBJ_MODULE, &o)) != CUDA_SUCCESS)
         return td_leave(rc == CUDA_ERROR_INVALID_CONTEXT ? CUDA_ERROR_INVALID_HANDLE : rc);
     struct td_module *m = (struct td_module *)o;
@@ -197,11 +190,9 @@ void td_libraries_teardown_ctx(struct td_ctx *ctx)
 
 static CUresult library_load(CUlibrary *out, const void *code)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(out && code);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!out || !code)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_library *lib = td_xcalloc(1, sizeof *lib);
     td_obj_register(&lib->h, TD_OBJ_LIBRARY, NULL);
     td_live_add(TESTDRV_LIBRARY, 1, 0);
@@ -263,14 +254,10 @@ TD_EXPORT CUresult cuLibraryUnload(CUlibrary library)
 TD_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
 {
     TD_COUNT(cuLibraryGetKernel);
-    CUresult rc = td_enter();
+    struct td_obj *o;
+    CUresult rc = td_enter_obj(library, TD_OBJ_LIBRARY, pKernel && name, &o);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pKernel || !name)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_obj *o;
-    if ((rc = td_obj_get(library, TD_OBJ_LIBRARY, &o)) != CUDA_SUCCESS)
-        return td_leave(rc);
     struct td_library *lib = (struct td_library *)o;
     struct td_kernel *k;
     for (k = lib->kernels; k; k = k->next)
@@ -291,15 +278,12 @@ TD_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, cons
 TD_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
 {
     TD_COUNT(cuLibraryGetModule);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!pMod)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_obj *o;
     struct td_ctx *c;
-    if ((rc = td_obj_get(library, TD_OBJ_LIBRARY, &o)) != CUDA_SUCCESS ||
-        (rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+    CUresult rc = td_enter_obj(library, TD_OBJ_LIBRARY, pMod != NULL, &o);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     *pMod = (CUmodule)library_module((struct td_library *)o, c);
     return td_leave(CUDA_SUCCESS);
@@ -320,15 +304,12 @@ static CUresult kernel_function(struct td_kernel *k, struct td_function **out)
 TD_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
     TD_COUNT(cuKernelGetFunction);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!pFunc)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_obj *o;
     struct td_function *f;
-    if ((rc = td_obj_get(kernel, TD_OBJ_KERNEL, &o)) != CUDA_SUCCESS ||
-        (rc = kernel_function((struct td_kernel *)o, &f)) != CUDA_SUCCESS)
+    CUresult rc = td_enter_obj(kernel, TD_OBJ_KERNEL, pFunc != NULL, &o);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = kernel_function((struct td_kernel *)o, &f)) != CUDA_SUCCESS)
         return td_leave(rc);
     *pFunc = (CUfunction)f;
     return td_leave(CUDA_SUCCESS);

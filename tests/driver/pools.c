@@ -52,6 +52,16 @@ void td_pools_init(void)
         td.default_pool[d] = pool_new(d, TESTDRV_DEVICE, true);
 }
 
+/* Looks up a live pool; bad handles are CUDA_ERROR_INVALID_VALUE. */
+static CUresult pool_get(CUmemoryPool h, struct td_pool **out)
+{
+    struct td_obj *o;
+    if (td_obj_get(h, TD_OBJ_POOL, &o) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (struct td_pool *)o;
+    return CUDA_SUCCESS;
+}
+
 static size_t pool_reserved(const struct td_pool *pl)
 {
     return pl->used + pl->pending + pl->idle;
@@ -205,25 +215,19 @@ void td_pending_teardown_ctx(struct td_ctx *ctx)
 
 /* Allocates from pl (NULL: the default pool of the stream's device) in
  * stream order. The memory is usable at once. */
-static CUresult alloc_async(uintptr_t *out, size_t size, CUmemoryPool hpool, CUstream h, bool ptsz)
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool hpool, CUstream h,
+                            bool ptsz)
 {
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!out)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_stream *s;
     bool captured;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS ||
-        (rc = td_stream_submit_check(s, &captured)) != CUDA_SUCCESS)
+    CUresult rc = td_enter_stream(h, ptsz, dptr != NULL, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_stream_submit_check(s, &captured)) != CUDA_SUCCESS)
         return td_leave(rc);
     struct td_pool *pl = td.default_pool[s->h.ctx->dev];
-    if (hpool) {
-        struct td_obj *o;
-        if ((rc = td_obj_get(hpool, TD_OBJ_POOL, &o)) != CUDA_SUCCESS)
-            return td_leave(CUDA_ERROR_INVALID_VALUE);
-        pl = (struct td_pool *)o;
-    }
+    if (hpool && (rc = pool_get(hpool, &pl)) != CUDA_SUCCESS)
+        return td_leave(rc);
     if (size == 0)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a;
@@ -231,28 +235,20 @@ static CUresult alloc_async(uintptr_t *out, size_t size, CUmemoryPool hpool, CUs
         return td_leave(rc);
     if (captured)
         td_capture_record(s, td_op_new(TD_OP_NOP));
-    *out = a->base;
+    *dptr = (CUdeviceptr)a->base;
     return td_leave(CUDA_SUCCESS);
 }
 
 TD_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     TD_COUNT(cuMemAllocAsync);
-    uintptr_t p = 0;
-    CUresult rc = alloc_async(dptr ? &p : NULL, bytesize, NULL, hStream, false);
-    if (rc == CUDA_SUCCESS)
-        *dptr = (CUdeviceptr)p;
-    return rc;
+    return alloc_async(dptr, bytesize, NULL, hStream, false);
 }
 
 TD_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     TD_COUNT(cuMemAllocAsync_ptsz);
-    uintptr_t p = 0;
-    CUresult rc = alloc_async(dptr ? &p : NULL, bytesize, NULL, hStream, true);
-    if (rc == CUDA_SUCCESS)
-        *dptr = (CUdeviceptr)p;
-    return rc;
+    return alloc_async(dptr, bytesize, NULL, hStream, true);
 }
 
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -260,11 +256,7 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
 {
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t p = 0;
-    CUresult rc = alloc_async(dptr ? &p : NULL, bytesize, pool, h, ptsz);
-    if (rc == CUDA_SUCCESS)
-        *dptr = (CUdeviceptr)p;
-    return rc;
+    return alloc_async(dptr, bytesize, pool, h, ptsz);
 }
 
 TD_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
@@ -383,11 +375,9 @@ static int pool_kind(const CUmemPoolProps *props)
 TD_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
     TD_COUNT(cuMemPoolCreate);
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(pool && poolProps);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pool || !poolProps)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     int kind = pool_kind(poolProps);
     if (kind < 0)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
@@ -398,14 +388,13 @@ TD_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poo
     return td_leave(CUDA_SUCCESS);
 }
 
-/* Looks up a live pool; bad handles are CUDA_ERROR_INVALID_VALUE. */
-static CUresult pool_get(CUmemoryPool h, struct td_pool **out)
+/* td_enter_args, then pool_get: the front of a call on one pool. */
+static CUresult pool_enter(CUmemoryPool h, bool args_ok, struct td_pool **out)
 {
-    struct td_obj *o;
-    if (td_obj_get(h, TD_OBJ_POOL, &o) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = (struct td_pool *)o;
-    return CUDA_SUCCESS;
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = pool_get(h, out)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
 }
 
 /* Destroys a pool at once; allocations still out stay valid and their
@@ -413,12 +402,10 @@ static CUresult pool_get(CUmemoryPool h, struct td_pool **out)
 TD_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     TD_COUNT(cuMemPoolDestroy);
-    CUresult rc = td_enter();
+    struct td_pool *pl;
+    CUresult rc = pool_enter(pool, true, &pl);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_pool *pl;
-    if ((rc = pool_get(pool, &pl)) != CUDA_SUCCESS)
-        return td_leave(rc);
     if (pl->is_default)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     pl->h.released = true;
@@ -481,32 +468,27 @@ static CUresult pool_read(const struct td_pool *pl, CUmemPool_attribute attr, vo
     }
 }
 
+/* cuMemPoolSetAttribute (set: attr from *value) and
+ * cuMemPoolGetAttribute (attr into *value). */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, bool set)
+{
+    struct td_pool *pl;
+    CUresult rc = pool_enter(pool, value != NULL, &pl);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_leave(set ? pool_set(pl, attr, value) : pool_read(pl, attr, value));
+}
+
 TD_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     TD_COUNT(cuMemPoolSetAttribute);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct td_pool *pl;
-    if (!value)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = pool_get(pool, &pl)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    return td_leave(pool_set(pl, attr, value));
+    return pool_attribute(pool, attr, value, true);
 }
 
 TD_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     TD_COUNT(cuMemPoolGetAttribute);
-    CUresult rc = td_enter();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct td_pool *pl;
-    if (!value)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if ((rc = pool_get(pool, &pl)) != CUDA_SUCCESS)
-        return td_leave(rc);
-    return td_leave(pool_read(pl, attr, value));
+    return pool_attribute(pool, attr, value, false);
 }
 
 /* Releases reserved, unused memory until at most minBytesToKeep stay
@@ -514,12 +496,10 @@ TD_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute 
 TD_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     TD_COUNT(cuMemPoolTrimTo);
-    CUresult rc = td_enter();
+    struct td_pool *pl;
+    CUresult rc = pool_enter(pool, true, &pl);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct td_pool *pl;
-    if ((rc = pool_get(pool, &pl)) != CUDA_SUCCESS)
-        return td_leave(rc);
     size_t reserved = pool_reserved(pl);
     if (reserved > minBytesToKeep) {
         size_t excess = reserved - minBytesToKeep;

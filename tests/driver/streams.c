@@ -89,6 +89,14 @@ CUresult td_stream_get(CUstream h, bool ptsz, struct td_stream **out)
     return CUDA_SUCCESS;
 }
 
+CUresult td_enter_stream(CUstream h, bool ptsz, bool args_ok, struct td_stream **out)
+{
+    CUresult rc = td_enter_args(args_ok);
+    if (rc == CUDA_SUCCESS && (rc = td_stream_get(h, ptsz, out)) != CUDA_SUCCESS)
+        td_leave(rc);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Ops and the worker                                                  */
 
@@ -317,11 +325,9 @@ CUresult td_launch_stream(CUstream h, bool ptsz, struct td_stream **out)
 
 static CUresult stream_create(CUstream *phStream, unsigned flags, int priority)
 {
-    CUresult rc = td_enter();
+    CUresult rc = td_enter_args(phStream && !(flags & ~(unsigned)CU_STREAM_NON_BLOCKING));
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_ctx *c;
     if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
@@ -410,9 +416,7 @@ static CUresult stream_synchronize(CUstream h, bool ptsz)
         return td_leave(rc);
     struct td_deps deps = { 0 };
     td_stream_snapshot(s, &deps);
-    td_wait_deps(&deps);
-    td_pending_cover(&deps);
-    td_deps_free(&deps);
+    td_host_sync(&deps);
     return td_leave(s->h.ctx->sticky);
 }
 
@@ -459,14 +463,10 @@ TD_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
 
 static CUresult stream_get_ctx(CUstream h, bool ptsz, CUcontext *pctx, CUgreenCtx *pgreen)
 {
-    CUresult rc = td_enter();
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(h, ptsz, pctx != NULL, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!pctx)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_stream *s;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *pctx = (CUcontext)s->h.ctx;
     if (pgreen)
         *pgreen = NULL;
@@ -503,14 +503,10 @@ TD_EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUg
 
 static CUresult stream_get_flags(CUstream h, bool ptsz, unsigned *flags)
 {
-    CUresult rc = td_enter();
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(h, ptsz, flags != NULL, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!flags)
-        return td_leave(CUDA_ERROR_INVALID_VALUE);
-    struct td_stream *s;
-    if ((rc = td_stream_get(h, ptsz, &s)) != CUDA_SUCCESS)
-        return td_leave(rc);
     *flags = s->flags;
     return td_leave(CUDA_SUCCESS);
 }
