@@ -1,7 +1,8 @@
 /* backends.h - how each kind of resource is really released.
  *
  * One row per kind: the option that turns its deferral on, what the driver
- * answers to a second release, whether a context's teardown frees it, and
+ * answers to a second release, whether a context's teardown frees it (and
+ * the answer for it then), and
  * the real release (which may wait for the GPU: called at flush points only).
  */
 #ifndef CUDEFER_BACKENDS_H
@@ -19,6 +20,9 @@ struct cd_backend {
     CUresult double_release;
     /* Destroying the context frees it, so teardown drops the entry. */
     bool freed_by_context;
+    /* The driver's answer for one its context's destruction freed (measured
+     * on the H200: tests/test_conformance.c, *_after_ctx_destroy). */
+    CUresult torn_release;
     /* Once its fence has passed, a released one may serve a later
      * allocation of the same size and flags: only driver-owned memory that
      * no kernel can still use. */

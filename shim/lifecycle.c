@@ -292,10 +292,10 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         return false;
     case CD_WAS_TORN:
         /* Its context is gone, and the object with it: the driver, given
-         * the dead handle, may crash (arrays, libraries). */
+         * the dead handle, may crash (a second release of an array). */
         cd_log(CD_LOG_DEBUG, "%s %#lx released after its context's destruction",
                cd_backend(cls)->name, (unsigned long)key);
-        *rc = cd_backend(cls)->double_release;
+        *rc = cd_backend(cls)->torn_release;
         return true;
     case CD_ALREADY_RETIRED:
         cd_log(CD_LOG_DEBUG, "%s %#lx released twice", cd_backend(cls)->name, (unsigned long)key);
@@ -383,20 +383,36 @@ bool cd_release_library(CUlibrary library, CUresult *rc)
     return library && retire(CD_LIBRARY, (uintptr_t)library, rc);
 }
 
+/* The base of the driver's allocation holding ptr; false when the driver
+ * does not know ptr (any more). Does not wait. */
+static bool range_start(const struct cd_driver_ops *ops, void *ptr, uintptr_t *base)
+{
+    CUdeviceptr b = 0;
+    if (ops->pointer_get_attribute(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        return false;
+    *base = (uintptr_t)b;
+    return true;
+}
+
 CUresult cd_unregister_answer(void *ptr, CUresult rc)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    CUdeviceptr base = 0;
     if (rc != CUDA_ERROR_INVALID_VALUE || !ptr || !cd_enabled() || !ops ||
-        !ops->pointer_get_attribute ||
-        ops->pointer_get_attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        !ops->pointer_get_attribute)
         return rc;
+    /* The driver knew ptr when it answered. A block the shim holds for the
+     * program, or one it held then and has really released since (its
+     * record goes only after the driver's release), is one the driver
+     * would not know without the shim. */
     static const enum cd_kind classes[] = {CD_DEVICE, CD_HOST, CD_REGISTERED};
+    uintptr_t base;
+    if (!range_start(ops, ptr, &base))
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
-        if (cd_registry_is_retired(classes[i], (uintptr_t)base))
+        if (cd_registry_is_retired(classes[i], base))
             return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    return rc;
+    return range_start(ops, ptr, &base) ? rc : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
 void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags)

@@ -92,12 +92,9 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     enum cd_retire_result res = CD_NOT_FOUND;
     pthread_mutex_lock(&s->lock);
     struct cd_record **link = find(slot_of(s, h), cls, key);
-    struct cd_record *r = *link, *gone = NULL;
+    struct cd_record *r = *link;
     if (r && r->state == CD_TORN) {
-        *link = r->hash_next;
-        gone = r;
-        atomic_fetch_sub(&torn_count, 1);
-        res = CD_WAS_TORN;
+        res = CD_WAS_TORN; /* it stays: every later release gets that answer */
     } else if (r && r->state == CD_RETIRED) {
         res = CD_ALREADY_RETIRED;
     } else if (r) {
@@ -106,7 +103,6 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
         res = CD_RETIRED_NOW;
     }
     pthread_mutex_unlock(&s->lock);
-    free(gone);
     return res;
 }
 

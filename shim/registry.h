@@ -16,8 +16,10 @@
 struct cd_ctx;
 
 /* TORN: freed by its context's destruction, which the program may not know;
- * a release of it gets the driver's answer for a handle already released,
- * without the dead handle reaching the driver. */
+ * every release of it gets the driver's answer for such an object
+ * (cd_backend's torn_release), without the dead handle reaching the driver.
+ * It stays until its address or handle is handed out again (up to 65,536
+ * TORN records; past that the release reaches the driver). */
 enum cd_record_state { CD_LIVE, CD_RETIRED, CD_TORN };
 
 struct cd_record {

@@ -748,32 +748,33 @@ Test(conformance, cuArrayDestroy_double)
     expect_fine_afterwards();
 }
 
-/* UNMEASURED (the GPU check has the case; the real driver crashes on a
- * second destroy of a live context's array). The shim answers
- * INVALID_HANDLE: the context's teardown kept the array's record, TORN,
- * so the dead handle does not reach the driver. */
+/* MEASURED on the H200 (2026-11-29): CONTEXT_IS_DESTROYED (a module
+ * answers INVALID_HANDLE there). The shim gives the same code itself: the
+ * context's teardown kept the array's record, TORN, and the dead handle
+ * does not reach the driver. */
 Test(conformance, cuArrayDestroy_after_ctx_destroy)
 {
-    only_with_the_shim("a dead array handle; the test driver says INVALID_CONTEXT");
     test_context();
     CUcontext b = other_context();
     CUarray a = array_create();
     CU_OK(cuCtxDestroy(b));
-    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     expect_fine_afterwards();
 }
 
-/* UNMEASURED, as above: the first destroy was still queued when the
- * context went; its record stays TORN too. */
+/* MEASURED on the H200 (2026-11-29): the driver crashes (SIGSEGV); the shim
+ * answers CONTEXT_IS_DESTROYED, as for an array its context's destruction
+ * freed: the first destroy was still queued when the context went, and
+ * the record stays TORN. */
 Test(conformance, cuArrayDestroy_double_after_ctx_destroy)
 {
-    only_with_the_shim("a dead array handle; the test driver says INVALID_CONTEXT");
+    only_with_the_shim("SIGSEGV in cuArrayDestroy");
     test_context();
     CUcontext b = other_context();
     CUarray a = array_create();
     CU_OK(cuArrayDestroy(a));
     CU_OK(cuCtxDestroy(b));
-    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_CODE(cuArrayDestroy(a), CUDA_ERROR_CONTEXT_IS_DESTROYED);
     expect_fine_afterwards();
 }
 

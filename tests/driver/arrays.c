@@ -127,8 +127,11 @@ static CUresult array_destroy(void *h, enum td_objkind kind)
     CUresult rc = td_enter_release(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
+    /* An array of a destroyed context: CONTEXT_IS_DESTROYED (measured on
+     * an H200, driver 580.159.04, 2026-11-29: tests/gpu/conform.c
+     * cuArrayDestroy(after_ctx_destroy)). */
     if ((rc = td_obj_get(h, kind, &o)) != CUDA_SUCCESS)
-        return td_leave(rc);
+        return td_leave(rc == CUDA_ERROR_INVALID_CONTEXT ? CUDA_ERROR_CONTEXT_IS_DESTROYED : rc);
     struct td_array *a = (struct td_array *)o;
     a->h.released = true;
     struct td_ctx *wctx = a->h.ctx->alive ? a->h.ctx : c;
