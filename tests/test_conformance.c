@@ -201,6 +201,27 @@ static void destroy_from_another_thread(CUcontext ctx)
     cr_assert_eq(arg.rc, CUDA_SUCCESS, "cuCtxDestroy from another thread failed");
 }
 
+/* The release of an object with no current context: the object names its
+ * context. Afterwards (as for cuMemFree) the follow-up runs with the
+ * context pushed back. */
+static void release_with_no_context(const char *what, CUresult (*release)(void *), void *h)
+{
+    CUcontext popped;
+    CU_OK(cuCtxPopCurrent(&popped));
+    expect_code_either(what, release(h), CUDA_SUCCESS, CUDA_SUCCESS);
+    CU_OK(cuCtxPushCurrent(popped));
+    expect_fine_afterwards();
+    cr_expect_eq(cudefer_flush(), 0);
+}
+
+static CUresult array_destroy_any(void *a) { return cuArrayDestroy(a); }
+static CUresult mipmapped_destroy_any(void *m) { return cuMipmappedArrayDestroy(m); }
+static CUresult module_unload_any(void *m) { return cuModuleUnload(m); }
+static CUresult library_unload_any(void *l) { return cuLibraryUnload(l); }
+
+static CUresult mem_free_host_any(void *h) { return cuMemFreeHost(h); }
+static CUresult host_unregister_any(void *h) { return cuMemHostUnregister(h); }
+
 /* ---- cuMemFree ------------------------------------------------------------------ */
 
 /* MEASURED on the H200 (2026-11-29): SUCCESS. */
@@ -591,12 +612,9 @@ Test(conformance, cuMemFreeHost_in_global_capture)
 /* MEASURED on the H200 (2026-11-29): SUCCESS, as cuMemFree. */
 Test(conformance, cuMemFreeHost_no_current_context)
 {
-    CUcontext ctx = test_context(), popped;
+    test_context();
     void *h = host_alloc();
-    CU_OK(cuCtxPopCurrent(&popped));
-    EXPECT_CODE(cuMemFreeHost(h), CUDA_SUCCESS);
-    CU_OK(cuCtxPushCurrent(ctx));
-    expect_fine_afterwards();
+    release_with_no_context("cuMemFreeHost", mem_free_host_any, h);
     EXPECT_CODE(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -682,12 +700,9 @@ Test(conformance, cuMemHostUnregister_device_pointer)
  * names its context). */
 Test(conformance, cuMemHostUnregister_no_current_context)
 {
-    CUcontext ctx = test_context(), popped;
+    test_context();
     void *h = registered();
-    CU_OK(cuCtxPopCurrent(&popped));
-    EXPECT_CODE(cuMemHostUnregister(h), CUDA_SUCCESS);
-    CU_OK(cuCtxPushCurrent(ctx));
-    expect_fine_afterwards();
+    release_with_no_context("cuMemHostUnregister", host_unregister_any, h);
     EXPECT_CODE(cuMemHostUnregister(h), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
 
@@ -861,24 +876,6 @@ Test(conformance, cuLibraryUnload_NULL)
     EXPECT_CODE(cuLibraryUnload(NULL), CUDA_ERROR_INVALID_HANDLE);
     expect_fine_afterwards();
 }
-
-/* The release of an object with no current context: the object names its
- * context. Afterwards (as for cuMemFree) the follow-up runs with the
- * context pushed back. */
-static void release_with_no_context(const char *what, CUresult (*release)(void *), void *h)
-{
-    CUcontext popped;
-    CU_OK(cuCtxPopCurrent(&popped));
-    expect_code_either(what, release(h), CUDA_SUCCESS, CUDA_SUCCESS);
-    CU_OK(cuCtxPushCurrent(popped));
-    expect_fine_afterwards();
-    cr_expect_eq(cudefer_flush(), 0);
-}
-
-static CUresult array_destroy_any(void *a) { return cuArrayDestroy(a); }
-static CUresult mipmapped_destroy_any(void *m) { return cuMipmappedArrayDestroy(m); }
-static CUresult module_unload_any(void *m) { return cuModuleUnload(m); }
-static CUresult library_unload_any(void *l) { return cuLibraryUnload(l); }
 
 /* MEASURED on the H200 (2026-11-29): SUCCESS, as cuMemFree. */
 Test(conformance, cuArrayDestroy_no_current_context)

@@ -522,12 +522,18 @@ static void unregister_device_ptr(void)
 
 /* ---- arrays, modules, libraries -------------------------------------------------------------- */
 
-static void array_destroy_double(void)
+static CUarray array_create(void)
 {
     CUarray a;
     CUDA_ARRAY_DESCRIPTOR d = {
         .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
     GC_CHECK(cuArrayCreate(&a, &d));
+    return a;
+}
+
+static void array_destroy_double(void)
+{
+    CUarray a = array_create();
     GC_CHECK(cuArrayDestroy(a));
     report("", cuArrayDestroy(a));
 }
@@ -535,10 +541,7 @@ static void array_destroy_double(void)
 static void array_destroy_after_ctx_destroy(void)
 {
     CUcontext b = other_context();
-    CUarray a;
-    CUDA_ARRAY_DESCRIPTOR d = {
-        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
-    GC_CHECK(cuArrayCreate(&a, &d));
+    CUarray a = array_create();
     GC_CHECK(cuCtxDestroy(b));
     report("", cuArrayDestroy(a));
 }
@@ -546,10 +549,7 @@ static void array_destroy_after_ctx_destroy(void)
 static void array_destroy_double_after_ctx_destroy(void)
 {
     CUcontext b = other_context();
-    CUarray a;
-    CUDA_ARRAY_DESCRIPTOR d = {
-        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
-    GC_CHECK(cuArrayCreate(&a, &d));
+    CUarray a = array_create();
     GC_CHECK(cuArrayDestroy(a));
     GC_CHECK(cuCtxDestroy(b));
     report("", cuArrayDestroy(a));
@@ -608,10 +608,7 @@ static CUresult library_unload_any(void *l) { return cuLibraryUnload(l); }
 
 static void array_destroy_no_context(void)
 {
-    CUarray a;
-    CUDA_ARRAY_DESCRIPTOR d = {
-        .Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
-    GC_CHECK(cuArrayCreate(&a, &d));
+    CUarray a = array_create();
     pop_and_report(array_destroy_any, a);
 }
 
