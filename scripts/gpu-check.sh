@@ -287,8 +287,15 @@ check_hazards() {
 # The unsafe control of check 3 kills its context with a fault: it runs
 # last, so that nothing else can be affected by it.
 check_hazard_control() {
-    say "== 3. hazards: the unsafe control"
+    say "== 3. hazards: the unsafe control, and a fault with releases queued"
     run_prog hazards none unsafe:device 20 -- "$BIN/hazard" unsafe device
+    run_prog hazards shim unsafe:device 20 CUDEFER_LOG=error -- "$BIN/hazard" unsafe device
+    # What cudefer reported dropping (its error line on stderr).
+    local dropped
+    dropped=$(sed -n 's/.*dropped \([0-9][0-9]*\) queued releases.*/\1/p' \
+        "$WORK/hazards.shim.unsafe_device.err" 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
+    say "RESULT hazard_dropped check=hazards mode=shim id=unsafe:device dropped=${dropped:-0}" \
+        >>"$RESULTS"
 }
 
 check_deadlock() {

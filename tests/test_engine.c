@@ -888,34 +888,10 @@ Test(reuse, off_with_the_kind, .timeout = 10)
 
 /* ---- a kernel fault while releases are queued ---------------------------- */
 
-Test(faults, sticky_error_drops_the_queue, .timeout = 10)
-{
-    CUdevice dev;
-    CUcontext ctx;
-    CU_OK(cuInit(0));
-    CU_OK(cuDeviceGet(&dev, 0));
-    CU_OK(cuCtxCreate(&ctx, NULL, 0, dev));
-    void *h;
-    CU_OK(cuMemAllocHost(&h, 4096));
-    CU_OK(cuMemFreeHost(h)); /* queued */
-    CUdeviceptr buf, other;
-    CU_OK(cuMemAlloc(&buf, 1 << 20));
-    CU_OK(cuMemAlloc(&other, 4096));
-    /* The program's own bug: an unfenced stream-ordered free under a
-     * writer (cuMemFreeAsync is not the shim's). */
-    CUstream a = test_stream(CU_STREAM_NON_BLOCKING), b = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(testdrv_launch(a, 100000, buf, 1 << 20, TESTDRV_WRITE));
-    CU_OK(cuMemFreeAsync(buf, b));
-    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
-    /* The shim neither crashes nor hangs, and answers the driver's error. */
-    cr_expect_eq(cuMemFree(other), CUDA_ERROR_ILLEGAL_ADDRESS);
-    CU_OK(cuCtxDestroy(ctx));
-    expect_nothing_left();
-}
-
-/* ---- statistics at exit -------------------------------------------------- */
-
-Test(stats, json_report_at_exit, .timeout = 10)
+/* Runs scenario() in a child process with CUDEFER_REPORT set, and puts the
+ * JSON report the shim writes at the child's exit into text. The child's
+ * exit status must be 0 (the scenario exits 1 where its own checks fail). */
+static void report_of(void (*scenario)(void), char *text, size_t cap)
 {
     char path[] = "/tmp/cudefer-report-XXXXXX";
     int fd = mkstemp(path);
@@ -924,28 +900,81 @@ Test(stats, json_report_at_exit, .timeout = 10)
     pid_t pid = fork();
     if (pid == 0) {
         setenv("CUDEFER_REPORT", path, 1);
-        test_context();
-        void *h;
-        CUdeviceptr d;
-        cuMemAllocHost(&h, 4096);
-        cuMemFreeHost(h);
-        cuMemAlloc(&d, 4096);
-        cuMemFree(d);
-        cuCtxSynchronize();
+        scenario();
         exit(0); /* the report is written on the way out */
     }
     int status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed (status %d)",
+              status);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f);
-    char text[4096] = {0};
-    size_t n = fread(text, 1, sizeof text - 1, f);
+    memset(text, 0, cap);
+    size_t n = fread(text, 1, cap - 1, f);
     fclose(f);
     unlink(path);
     cr_assert_gt(n, 0, "no report written");
-    cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 1, \"managed\": 0, \"host\": 1"),
-                       "%s", text);
+}
+
+/* A pinned block queued, then a fault (the program's own unfenced
+ * cuMemFreeAsync under a writer): the program gets the driver's error, one
+ * more release gets it too, and nothing crashes or hangs. */
+static void fault_with_a_release_queued(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate(&ctx, NULL, 0, dev))
+        exit(1);
+    void *h;
+    CUdeviceptr buf, other;
+    if (cuMemAllocHost(&h, 4096) || cuMemFreeHost(h) || cuMemAlloc(&buf, 1 << 20) ||
+        cuMemAlloc(&other, 4096))
+        exit(1);
+    CUstream a, b;
+    if (cuStreamCreate(&a, CU_STREAM_NON_BLOCKING) || cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) ||
+        testdrv_launch(a, 100000, buf, 1 << 20, TESTDRV_WRITE) || cuMemFreeAsync(buf, b))
+        exit(1);
+    if (cuCtxSynchronize() != CUDA_ERROR_ILLEGAL_ADDRESS ||
+        cuMemFree(other) != CUDA_ERROR_ILLEGAL_ADDRESS)
+        exit(1);
+    /* Its destruction frees everything; the shim calls nothing dead. */
+    if (cuCtxDestroy(ctx) != CUDA_SUCCESS || testdrv_dead_context_calls())
+        exit(1);
+    for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
+        if (testdrv_live(k))
+            exit(1);
+}
+
+Test(faults, sticky_error_drops_the_queue, .timeout = 10)
+{
+    char text[4096];
+    report_of(fault_with_a_release_queued, text, sizeof text);
+    /* What the shim dropped is reported: the queued pinned block (and the
+     * release made after the fault is not queued). */
+    const char *want = "\"dropped\": {\"device\": 0, \"managed\": 0, \"host\": 1,";
+    cr_expect_not_null(strstr(text, want), "%s", text);
+}
+
+/* ---- statistics at exit -------------------------------------------------- */
+
+static void a_release_of_each_memory_kind(void)
+{
+    test_context();
+    void *h;
+    CUdeviceptr d;
+    cuMemAllocHost(&h, 4096);
+    cuMemFreeHost(h);
+    cuMemAlloc(&d, 4096);
+    cuMemFree(d);
+    cuCtxSynchronize();
+}
+
+Test(stats, json_report_at_exit, .timeout = 10)
+{
+    char text[4096];
+    report_of(a_release_of_each_memory_kind, text, sizeof text);
+    const char *want = "\"deferred\": {\"device\": 1, \"managed\": 0, \"host\": 1";
+    cr_expect_not_null(strstr(text, want), "%s", text);
     cr_expect_not_null(strstr(text, "\"sync\": 1"), "%s", text);
     cr_expect_not_null(strstr(text, "\"peak_deferred_bytes\": 4096"), "%s", text);
 }

@@ -15,7 +15,12 @@
  *     unsafe:    the control: A non-blocking, and instead of cuMemFree a
  *                bare cuMemFreeAsync on another non-blocking stream
  *                (followed by a synchronisation of that stream): expected
- *                to fault, which proves that the check can fail
+ *                to fault, which proves that the check can fail. With
+ *                cudefer loaded it is also the fault check: a pinned block
+ *                is released (queued) while the writer runs, before the
+ *                fault; after it, one more cuMemFree must get the driver's
+ *                error, and the program must exit normally (cudefer's
+ *                stderr then says what it dropped)
  *   memory: device (cuMemAlloc, cuMemFree) | managed (cuMemAllocManaged,
  *     cuMemFree) | hostmap (cuMemHostAlloc DEVICEMAP written through its
  *     device pointer, cuMemFreeHost)
@@ -23,6 +28,8 @@
  * prints:
  *   RESULT hazard stream=<s> memory=<m> release_rc=<code> release_ms=<ms>
  *          writer_running=<0|1> sync_rc=<code> fault=<0|1>
+ *          queued=<releases made before the fault> after_rc=<code of a
+ *          cuMemFree after the fault, or - when none was made>
  */
 #include "gpucheck.h"
 
@@ -132,18 +139,38 @@ int main(int argc, char **argv)
 
     struct memory m = make_memory(argv[2]);
     unsigned long long words = BUFFER_BYTES / 4;
+    /* The fault check (cudefer loaded): a block to release after the fault,
+     * and one released before it, which cudefer queues behind the writer
+     * (the driver alone would wait for the writer here, and the control
+     * would no longer fault). */
+    bool fault_check = v.unsafe && gc_cudefer_loaded();
+    CUdeviceptr spare = 0;
+    void *pinned = NULL;
+    if (fault_check) {
+        GC_CHECK(cuMemAlloc(&spare, GC_MIB));
+        GC_CHECK(cuMemAllocHost(&pinned, GC_MIB));
+    }
     GC_CHECK(launch_writer(&v, WRITER_MS, m.dptr, words));
     gc_sleep_ms(SETTLE_MS);
+    int queued = 0;
+    if (fault_check) {
+        GC_CHECK(cuMemFreeHost(pinned));
+        queued++;
+    }
 
     bool running = cuStreamQuery(v.stream) == CUDA_ERROR_NOT_READY;
     double t0 = gc_now_ms();
     CUresult rc = v.unsafe ? release_unsafe(&m) : release(&m);
     double release_ms = gc_now_ms() - t0;
     CUresult sync = cuCtxSynchronize();
+    const char *after = "-";
+    if (fault_check && sync != CUDA_SUCCESS)
+        after = gc_rc(cuMemFree(spare));
 
     printf("RESULT hazard stream=%s memory=%s release_rc=%s release_ms=%.4f writer_running=%d",
            v.name, m.name, gc_rc(rc), release_ms, (int)running);
-    printf(" sync_rc=%s fault=%d\n", gc_rc(sync), sync != CUDA_SUCCESS);
+    printf(" sync_rc=%s fault=%d queued=%d after_rc=%s\n", gc_rc(sync), sync != CUDA_SUCCESS,
+           queued, after);
     fflush(stdout);
     if (sync != CUDA_SUCCESS)
         return 0; /* the context is dead: nothing more to release */

@@ -350,6 +350,31 @@ def report_hazards(res, summary):
         ("; " + "; ".join(notes)) if notes else ""))
 
 
+def report_faults(res, summary):
+    """The unsafe control run with cudefer, a pinned release queued before
+    the fault: the program sees the driver's error (cuCtxSynchronize and a
+    cuMemFree after it), exits normally (no crash, no hang), and cudefer
+    reports on stderr what it dropped."""
+    r = res.one("hazard", mode="shim", stream="unsafe", memory="device")
+    run = res.run_status("hazards", "shim", "unsafe:device")
+    d = res.one("hazard_dropped", mode="shim")
+    dropped = int(d.get("dropped", "0")) if d else 0
+    queued = int(r.get("queued", "0")) if r else 0
+    rows = [("cudefer", r.get("queued", "-") if r else "-", r.get("sync_rc", "-") if r else "-",
+             r.get("after_rc", "-") if r else "-", dropped if d else "-", run)]
+    table("faults: a kernel fault with releases queued (the unsafe control under cudefer)",
+          ("mode", "queued before", "cuCtxSynchronize", "cuMemFree after", "reported dropped",
+           "program"), rows)
+    fault_rc = "CUDA_ERROR_ILLEGAL_ADDRESS"
+    ok = (r is not None and run == "ok" and r.get("sync_rc") == fault_rc and
+          r.get("after_rc") == fault_rc and queued >= 1 and dropped >= queued)
+    summary.add("faults", ok, "cuCtxSynchronize %s, cuMemFree after it %s; %s queued, %d "
+                "reported dropped; program %s" % (
+                    r.get("sync_rc", "-") if r else "no result",
+                    r.get("after_rc", "-") if r else "-", r.get("queued", "-") if r else "-",
+                    dropped, run))
+
+
 def report_deadlock(res, summary):
     rows = []
     for mode in ("passthrough", "shim"):
@@ -509,8 +534,8 @@ def main():
         sys.exit(__doc__)
     res = Results(sys.argv[1])
     summary = Summary()
-    for step in (report_build, report_doors, report_stall, report_hazards, report_deadlock,
-                 report_oom, report_conform, report_capture):
+    for step in (report_build, report_doors, report_stall, report_hazards, report_faults,
+                 report_deadlock, report_oom, report_conform, report_capture):
         try:
             step(res, summary)
         except Exception as e:  # one broken table must not hide the others
