@@ -129,9 +129,7 @@ static void evict_device(struct cd_ctx *cs)
         next = r->queue_next;
         if (r->kind == CD_DEVICE && r->done && over_cache(cs, bytes, blocks) &&
             ops->mem_free_async((CUdeviceptr)r->key, cs->priv) == CUDA_SUCCESS) {
-            cd_account_deferred(cs, r, -1);
-            cd_ctx_event_put(cs, r->done);
-            r->done = NULL;
+            cd_unbook_deferred(cs, r);
             cd_queue_inflight(cs, r);
             continue;
         }
@@ -160,11 +158,16 @@ static void queue_deferred(struct cd_ctx *cs, struct cd_record *r)
         atomic_store(&cs->over_limit, true);
 }
 
-/* Takes a deferred entry off the books after its real release or drop. */
-void cd_finish_deferred(struct cd_ctx *cs, struct cd_record *r)
+void cd_unbook_deferred(struct cd_ctx *cs, struct cd_record *r)
 {
     cd_account_deferred(cs, r, -1);
     cd_ctx_event_put(cs, r->done);
+    r->done = NULL;
+}
+
+void cd_finish_deferred(struct cd_ctx *cs, struct cd_record *r)
+{
+    cd_unbook_deferred(cs, r);
     cd_finish(r);
 }
 

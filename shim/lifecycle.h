@@ -29,7 +29,10 @@ void cd_account_deferred(struct cd_ctx *cs, struct cd_record *r, int sign);
 /* Removes a finished record from the registry and frees it (its event was
  * given back already). */
 void cd_finish(struct cd_record *r);
-/* Takes a deferred entry off the books after its real release or drop. */
+/* Takes a deferred entry off its context's books: the accounting, and its
+ * event goes back to the pool. The record itself stays. */
+void cd_unbook_deferred(struct cd_ctx *cs, struct cd_record *r);
+/* cd_unbook_deferred, then cd_finish: after its real release or drop. */
 void cd_finish_deferred(struct cd_ctx *cs, struct cd_record *r);
 /* Registrations whose unregister is queued, and whether one of them
  * overlaps [lo, hi). */

@@ -151,9 +151,7 @@ bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
     cd_fence_exit();
     if (!hit)
         return false;
-    cd_account_deferred(cs, hit, -1);
-    cd_ctx_event_put(cs, hit->done);
-    hit->done = NULL;
+    cd_unbook_deferred(cs, hit);
     cd_registry_unretire(hit);
     atomic_fetch_add(&cd_stats.reused[kind], 1);
     cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_backend(kind)->name, (unsigned long)hit->key);

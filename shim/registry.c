@@ -152,6 +152,14 @@ static bool torn_reserve(void)
     return false;
 }
 
+/* Makes r TORN: it names no context any more. Under r's shard lock. */
+static void set_torn(struct cd_record *r)
+{
+    r->state = CD_TORN;
+    r->ctx = NULL;
+    r->done = NULL;
+}
+
 bool cd_registry_entomb(struct cd_record *r)
 {
     uint64_t h = hash(cd_kind_class(r->kind), r->key);
@@ -159,9 +167,7 @@ bool cd_registry_entomb(struct cd_record *r)
     bool kept = false;
     pthread_mutex_lock(&s->lock);
     if (r->linked && r->state == CD_RETIRED && torn_reserve()) {
-        r->state = CD_TORN;
-        r->ctx = NULL;
-        r->done = NULL;
+        set_torn(r);
         kept = true;
     }
     pthread_mutex_unlock(&s->lock);
@@ -183,8 +189,7 @@ void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind
                     continue;
                 }
                 if (r->state == CD_LIVE && torn(r->kind) && torn_reserve()) {
-                    r->state = CD_TORN;
-                    r->ctx = NULL;
+                    set_torn(r);
                     link = &r->hash_next;
                     continue;
                 }

@@ -48,8 +48,7 @@ static void settle_queue(struct cd_ctx *cs)
         next = r->queue_next;
         if (cd_backend(r->kind)->freed_by_context) {
             atomic_fetch_add(&cd_stats.dropped[r->kind], 1);
-            cd_account_deferred(cs, r, -1);
-            cd_ctx_event_put(cs, r->done);
+            cd_unbook_deferred(cs, r);
             if (!cd_registry_entomb(r))
                 cd_finish(r);
             continue;
