@@ -259,16 +259,22 @@ Test(hazard, stream_destroyed_while_writing_pre_12_5, .timeout = 10)
 
 /* A kernel of another device's context reads the memory through peer
  * access: the fence covers every context the shim knows. */
-Test(hazard, writer_in_another_context, .timeout = 10)
+/* Two devices of the test driver, and their primary contexts retained. */
+static void two_devices(CUcontext *a, CUcontext *b)
 {
     setenv("TESTDRIVER_DEVICES", "2", 1);
     CUdevice d0, d1;
-    CUcontext a, b;
     CU_OK(cuInit(0));
     CU_OK(cuDeviceGet(&d0, 0));
     CU_OK(cuDeviceGet(&d1, 1));
-    CU_OK(cuDevicePrimaryCtxRetain(&a, d0));
-    CU_OK(cuDevicePrimaryCtxRetain(&b, d1));
+    CU_OK(cuDevicePrimaryCtxRetain(a, d0));
+    CU_OK(cuDevicePrimaryCtxRetain(b, d1));
+}
+
+Test(hazard, writer_in_another_context, .timeout = 10)
+{
+    CUcontext a, b;
+    two_devices(&a, &b);
     CU_OK(cuCtxSetCurrent(b));
     CUstream sb = test_stream(CU_STREAM_NON_BLOCKING);
     CU_OK(cuCtxSetCurrent(a));
@@ -290,16 +296,10 @@ Test(hazard, writer_in_another_context, .timeout = 10)
  * own context only. Both measured faulting on two H200s before. */
 static void writer_in_unseen_context(bool flush)
 {
-    setenv("TESTDRIVER_DEVICES", "2", 1);
     if (!flush)
         setenv("CUDEFER_DEVICE_CACHE", "0", 1);
-    CUdevice d0, d1;
     CUcontext a, b;
-    CU_OK(cuInit(0));
-    CU_OK(cuDeviceGet(&d0, 0));
-    CU_OK(cuDeviceGet(&d1, 1));
-    CU_OK(cuDevicePrimaryCtxRetain(&a, d0));
-    CU_OK(cuDevicePrimaryCtxRetain(&b, d1));
+    two_devices(&a, &b);
     CU_OK(cuCtxSetCurrent(a));
     CUdeviceptr buf;
     CU_OK(cuMemAlloc(&buf, 1 << 20));

@@ -177,7 +177,8 @@ struct td_alloc *td_alloc_add(uintptr_t base, size_t size, size_t span,
     a->ctx = ctx;
     a->id = td.next_id++;
     a->linked = true;
-    graveyard_forget(base, span);
+    if (kind != TESTDRV_DEVICE) /* device addresses are never handed out again */
+        graveyard_forget(base, span);
     reg_insert(a);
     td_live_add(kind, 1, (long long)size);
     return a;
