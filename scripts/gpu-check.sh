@@ -89,6 +89,11 @@ append_log() { # file
 # run_prog CHECK MODE ID LIMIT_S [VAR=value ...] -- COMMAND...
 # Runs COMMAND in MODE with a timeout; its stdout and stderr stay in
 # $WORK/CHECK.MODE.ID.{out,err}; records RUN and RESULT lines.
+# The path, less .out/.err, where run_prog keeps a run's output.
+run_base() { # check mode id
+    printf '%s/%s.%s.%s' "$WORK" "$1" "$2" "$(printf '%s' "$3" | tr -c 'A-Za-z0-9_.-' '_')"
+}
+
 run_prog() {
     local check=$1 mode=$2 id=$3 limit=$4
     shift 4
@@ -99,7 +104,7 @@ run_prog() {
     done
     shift
     local base
-    base="$WORK/$check.$mode.$(printf '%s' "$id" | tr -c 'A-Za-z0-9_.-' '_')"
+    base=$(run_base "$check" "$mode" "$id")
     : >"$base.out"
     : >"$base.err"
 
@@ -293,7 +298,7 @@ check_hazard_control() {
     # What cudefer reported dropping (its error line on stderr).
     local dropped
     dropped=$(sed -n 's/.*dropped \([0-9][0-9]*\) queued releases.*/\1/p' \
-        "$WORK/hazards.shim.unsafe_device.err" 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
+        "$(run_base hazards shim unsafe:device).err" 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
     say "RESULT hazard_dropped check=hazards mode=shim id=unsafe:device dropped=${dropped:-0}" \
         >>"$RESULTS"
 }

@@ -372,24 +372,23 @@ def report_faults(res, summary):
     the fault: the program sees the driver's error (cuCtxSynchronize and a
     cuMemFree after it), exits normally (no crash, no hang), and cudefer
     reports on stderr what it dropped."""
-    r = res.one("hazard", mode="shim", stream="unsafe", memory="device")
+    r = res.one("hazard", mode="shim", stream="unsafe", memory="device") or {}
     run = res.run_status("hazards", "shim", "unsafe:device")
     d = res.one("hazard_dropped", mode="shim")
     dropped = int(d.get("dropped", "0")) if d else 0
-    queued = int(r.get("queued", "0")) if r else 0
-    rows = [("cudefer", r.get("queued", "-") if r else "-", r.get("sync_rc", "-") if r else "-",
-             r.get("after_rc", "-") if r else "-", dropped if d else "-", run)]
+    queued = int(r.get("queued", "0"))
     table("faults: a kernel fault with releases queued (the unsafe control under cudefer)",
           ("mode", "queued before", "cuCtxSynchronize", "cuMemFree after", "reported dropped",
-           "program"), rows)
+           "program"),
+          [("cudefer", r.get("queued", "-"), r.get("sync_rc", "-"), r.get("after_rc", "-"),
+            dropped if d else "-", run)])
     fault_rc = "CUDA_ERROR_ILLEGAL_ADDRESS"
-    ok = (r is not None and run == "ok" and r.get("sync_rc") == fault_rc and
+    ok = (bool(r) and run == "ok" and r.get("sync_rc") == fault_rc and
           r.get("after_rc") == fault_rc and queued >= 1 and dropped >= queued)
     summary.add("faults", ok, "cuCtxSynchronize %s, cuMemFree after it %s; %s queued, %d "
                 "reported dropped; program %s" % (
-                    r.get("sync_rc", "-") if r else "no result",
-                    r.get("after_rc", "-") if r else "-", r.get("queued", "-") if r else "-",
-                    dropped, run))
+                    r.get("sync_rc", "no result"), r.get("after_rc", "-"),
+                    r.get("queued", "-"), dropped, run))
 
 
 def report_deadlock(res, summary):
