@@ -611,6 +611,28 @@ Test(teardown, primary_reset, .timeout = 10)
     primary_ends_with_entries(cuDevicePrimaryCtxReset);
 }
 
+/* An array its context's destruction freed: every release of it gets the
+ * driver's answer for that (CONTEXT_IS_DESTROYED, measured on the H200),
+ * and the dead handle never reaches the driver. */
+Test(teardown, torn_array_answers_every_release, .timeout = 10)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CU_OK(cuInit(0));
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuCtxCreate(&ctx, NULL, 0, dev));
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {.Width = 64, .Height = 64, .Format = CU_AD_FORMAT_FLOAT,
+                               .NumChannels = 1};
+    CU_OK(cuArrayCreate(&a, &d));
+    CU_OK(cuCtxDestroy(ctx));
+    uint64_t calls = testdrv_calls("cuArrayDestroy");
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(cuArrayDestroy(a), CUDA_ERROR_CONTEXT_IS_DESTROYED, "release %d", i + 1);
+    cr_expect_eq(testdrv_calls("cuArrayDestroy"), calls, "the dead handle reached the driver");
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+}
+
 Test(teardown, context_used_again_after_destroy, .timeout = 10)
 {
     CUdevice dev;
