@@ -1,6 +1,6 @@
 /* kernels.h - the GPU kernels of the demonstration, the benchmarks and the
  * GPU checks, as PTX text that the driver compiles at cuModuleLoadData, so
- * that nothing here needs nvcc. One thread each.
+ * that nothing here needs nvcc.
  *
  *   cudefer_spin(u64 ns, u64 buf, u64 words)
  *       runs for ns nanoseconds (by %globaltimer); when buf is not 0 it
@@ -11,6 +11,11 @@
  *       is not 0: the kernel that waits for the host.
  *   cudefer_touch(u64 buf, u64 words)
  *       writes buf[0 .. words) once (words capped by the caller).
+ *   cudefer_fill(u64 buf, u64 words)
+ *       every thread of the grid writes its share of buf[0 .. words) once
+ *       (a grid-stride loop): touches every byte of a large block.
+ *
+ * cudefer_touch and cudefer_spin run as one thread each.
  */
 #ifndef CUDEFER_BENCH_KERNELS_H
 #define CUDEFER_BENCH_KERNELS_H
@@ -81,6 +86,34 @@ static const char cudefer_kernels_ptx[] =
     "    setp.lt.u64 %p1, %rd3, %rd2;\n"
     "    @%p1 bra.uni NEXT;\n"
     "DONE:\n"
+    "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry cudefer_fill(.param .u64 buf, .param .u64 words)\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b32 %r<6>;\n"
+    "    .reg .b64 %rd<8>;\n"
+    "    ld.param.u64 %rd1, [buf];\n"
+    "    ld.param.u64 %rd2, [words];\n"
+    "    mov.u32 %r1, %ctaid.x;\n"
+    "    mov.u32 %r2, %ntid.x;\n"
+    "    mov.u32 %r3, %tid.x;\n"
+    "    mov.u32 %r4, %nctaid.x;\n"
+    "    mul.wide.u32 %rd3, %r1, %r2;\n"
+    "    cvt.u64.u32 %rd4, %r3;\n"
+    "    add.u64 %rd3, %rd3, %rd4;\n"
+    "    mul.wide.u32 %rd5, %r4, %r2;\n"
+    "FILL:\n"
+    "    setp.ge.u64 %p1, %rd3, %rd2;\n"
+    "    @%p1 bra.uni END;\n"
+    "    shl.b64 %rd6, %rd3, 2;\n"
+    "    add.u64 %rd7, %rd1, %rd6;\n"
+    "    cvt.u32.u64 %r5, %rd3;\n"
+    "    st.global.u32 [%rd7], %r5;\n"
+    "    add.u64 %rd3, %rd3, %rd5;\n"
+    "    bra.uni FILL;\n"
+    "END:\n"
     "    ret;\n"
     "}\n";
 

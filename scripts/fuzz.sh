@@ -70,7 +70,8 @@ fi
 
 mkdir -p "$build/obj/shim" "$build/obj/driver" "$build/logs"
 common=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Wall -Wextra
-        -fvisibility=hidden -I"$cuda/include" -I"$root/include")
+        -fvisibility=hidden -I"$cuda/include" -I"$root/include"
+        -I"$root/shim/base" -I"$root/shim/engine" -I"$root/shim/doors")
 # shellcheck disable=SC2054 # the commas belong to -fsanitize's value
 sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all)
 
@@ -101,7 +102,7 @@ build_all() {
         [[ $(basename "$f") == test_* ]] || driver_srcs+=("$f")
     done
     # The shim: every source of shim/ (shim/meson.build lists them all).
-    shim_srcs=("$root"/shim/*.c)
+    shim_srcs=("$root"/shim/*/*.c)
 
     # shellcheck disable=SC2034 # used through compile's nameref
     local driver_flags=("${sanitize[@]}")
@@ -115,13 +116,13 @@ build_all() {
     mapfile -t objs < <(compile "$build/obj/shim" shim_flags "${shim_srcs[@]}") || return 1
     ((${#objs[@]} == ${#shim_srcs[@]})) || return 1
     "$cc" -shared -Wl,-soname,libcudefer.so "${sanitize[@]}" -fsanitize=fuzzer-no-link \
-        -Wl,--version-script="$root/shim/libcudefer.map" \
+        -Wl,--version-script="$root/shim/doors/libcudefer.map" \
         -o "$build/libcudefer.so" "${objs[@]}" -ldl -lpthread || return 1
 
     # The options parser, linked directly.
     "$cc" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-        -I"$root/shim" -o "$build/fuzz_options" \
-        "$root/tests/fuzz/fuzz_options.c" "$root/shim/options.c" || return 1
+        -I"$root/shim/base" -o "$build/fuzz_options" \
+        "$root/tests/fuzz/fuzz_options.c" "$root/shim/base/options.c" || return 1
 
     # The API: the shim before the test driver in the link order, so that its
     # cu* symbols come first in the lookup scope, as with LD_PRELOAD.

@@ -87,8 +87,8 @@ build() {
         say "== build: meson failed; the shim with gcc directly" >>"$BUILDLOG"
         mkdir -p "$BUILD/shim"
         gcc -std=c11 -O2 -g -fPIC -shared -D_GNU_SOURCE -fvisibility=hidden \
-            -I"$ROOT/include" -I"$CUDA/include" "$ROOT"/shim/*.c \
-            -Wl,--version-script="$ROOT/shim/libcudefer.map" -o "$SHIM" -lpthread -ldl \
+            -I"$ROOT/include" -I"$ROOT/shim/base" -I"$ROOT/shim/engine" -I"$ROOT/shim/doors" -I"$CUDA/include" "$ROOT"/shim/*/*.c \
+            -Wl,--version-script="$ROOT/shim/doors/libcudefer.map" -o "$SHIM" -lpthread -ldl \
             >>"$BUILDLOG" 2>&1 || return 1
     fi
     say "== build: multigpu" >>"$BUILDLOG"

@@ -1,0 +1,507 @@
+/* facts.c - measures the driver behaviour that cudefer and its test driver
+ * rely on, where the driver documentation is silent or vague. One fact per
+ * subcommand, one process each (a dead green context can crash the next
+ * call). Run without cudefer: these are facts about the driver.
+ *
+ * usage: facts <name>
+ *   green        green contexts: handles, what a record on the primary and
+ *                on the green context covers, who owns memory allocated in
+ *                one, what its destruction waits for and frees, and the
+ *                primary context's state around it
+ *   green-dead   calls that name a destroyed green context's CUcontext
+ *   register     whether a context's destruction undoes a registration
+ *   managed      64 MiB managed blocks touched in full by a kernel: first
+ *                touch, touch of a block touched before, and loops
+ *   pinned       64 MiB pinned blocks: allocation, release, full touch, loops
+ *   fence        what one fence costs on the host
+ *   freed        what the driver answers for memory already freed: a second
+ *                release, stream-ordered or not, and pointer queries
+ *
+ * prints RESULT lines (tests/gpu/gpucheck.h).
+ */
+#include "gpucheck.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+
+static struct gc_kernels kernels;
+static CUfunction fill; /* cudefer_fill(u64 buf, u64 words), every thread */
+
+static void load_kernels(void)
+{
+    gc_load_kernels(&kernels);
+    GC_CHECK(cuModuleGetFunction(&fill, kernels.module, "cudefer_fill"));
+}
+
+/* Writes every word of buf once, with 264 x 256 threads. */
+static CUresult fill_all(CUstream s, CUdeviceptr buf, size_t bytes)
+{
+    unsigned long long words = bytes / 4;
+    void *args[] = {&buf, &words};
+    return cuLaunchKernel(fill, 264, 1, 1, 256, 1, 1, 0, s, args, NULL);
+}
+
+static double event_wait_ms(CUevent ev)
+{
+    double t0 = gc_now_ms();
+    GC_CHECK(cuEventSynchronize(ev));
+    return gc_now_ms() - t0;
+}
+
+/* ---- green contexts ------------------------------------------------------ */
+
+static CUgreenCtx make_green(CUdevice dev)
+{
+    CUdevResource all, groups[2], rest;
+    unsigned n = 1;
+    GC_CHECK(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+    GC_CHECK(cuDevSmResourceSplitByCount(groups, &n, &all, &rest, 0,
+                                         all.sm.smCount / 4 ? all.sm.smCount / 4 : 1));
+    CUdevResourceDesc desc;
+    GC_CHECK(cuDevResourceGenerateDesc(&desc, groups, 1));
+    CUgreenCtx g;
+    GC_CHECK(cuGreenCtxCreate(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    return g;
+}
+
+static void primary_state(const char *when, CUdevice dev)
+{
+    unsigned flags = 0;
+    int active = -1;
+    CUresult rc = cuDevicePrimaryCtxGetState(dev, &flags, &active);
+    printf("RESULT green_primary_state when=%s rc=%s active=%d\n", when, gc_rc(rc), active);
+}
+
+static int fact_green(void)
+{
+    CUcontext primary = gc_init();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    load_kernels();
+    primary_state("before_green", dev);
+    CUgreenCtx g = make_green(dev);
+    primary_state("after_create", dev);
+    CUcontext gctx = NULL;
+    GC_CHECK(cuCtxFromGreenCtx(&gctx, g));
+    CUcontext gctx2 = NULL;
+    GC_CHECK(cuCtxFromGreenCtx(&gctx2, g));
+    unsigned ver_p = 0, ver_g = 0;
+    cuCtxGetApiVersion(primary, &ver_p);
+    cuCtxGetApiVersion(gctx, &ver_g);
+    printf("RESULT green_handles same_as_primary=%d stable=%d api_primary=%u api_green=%u\n",
+           gctx == primary, gctx == gctx2, ver_p, ver_g);
+
+    CUstream gs, ps;
+    GC_CHECK(cuGreenCtxStreamCreate(&gs, g, CU_STREAM_NON_BLOCKING, 0));
+    GC_CHECK(cuStreamCreate(&ps, CU_STREAM_NON_BLOCKING));
+    CUcontext of_gs = NULL;
+    CUresult rc = cuStreamGetCtx(gs, &of_gs);
+    printf("RESULT green_stream_ctx rc=%s is_green=%d is_primary=%d\n", gc_rc(rc),
+           of_gs == gctx, of_gs == primary);
+
+    /* Memory allocated with the green context current. */
+    GC_CHECK(cuCtxSetCurrent(gctx));
+    CUcontext cur = NULL;
+    cuCtxGetCurrent(&cur);
+    CUdeviceptr d = 0, d2 = 0;
+    GC_CHECK(cuMemAlloc(&d, GC_MIB));
+    GC_CHECK(cuMemAlloc(&d2, GC_MIB));
+    void *h = NULL;
+    GC_CHECK(cuMemAllocHost(&h, GC_MIB));
+    CUcontext owner = NULL;
+    rc = cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d);
+    printf("RESULT green_alloc current_is_green=%d owner_rc=%s owner_is_green=%d "
+           "owner_is_primary=%d\n", cur == gctx, gc_rc(rc), owner == gctx, owner == primary);
+    CUevent ev;
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+
+    /* A kernel of the primary context's module, on a green stream. */
+    rc = gc_spin(&kernels, gs, 1.0, 0, 0);
+    printf("RESULT green_launch_primary_module rc=%s\n", gc_rc(rc));
+    GC_CHECK(cuCtxSynchronize());
+
+    /* Record on the primary while a green stream runs 400 ms. */
+    GC_CHECK(cuCtxSetCurrent(primary));
+    GC_CHECK(gc_spin(&kernels, gs, 400.0, 0, 0));
+    gc_sleep_ms(20);
+    rc = cuCtxRecordEvent(primary, ev);
+    double ms = rc == CUDA_SUCCESS ? event_wait_ms(ev) : -1;
+    printf("RESULT green_record_primary_covers_green rc=%s wait_ms=%.1f\n", gc_rc(rc), ms);
+    GC_CHECK(cuCtxSynchronize());
+
+    /* Record on the green context while a primary stream runs 400 ms. */
+    GC_CHECK(gc_spin(&kernels, ps, 400.0, 0, 0));
+    gc_sleep_ms(20);
+    GC_CHECK(cuEventDestroy(ev));
+    GC_CHECK(cuCtxSetCurrent(gctx));
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    rc = cuCtxRecordEvent(gctx, ev);
+    ms = rc == CUDA_SUCCESS ? event_wait_ms(ev) : -1;
+    printf("RESULT green_record_green_covers_primary rc=%s wait_ms=%.1f\n", gc_rc(rc), ms);
+    CUevent ev2;
+    GC_CHECK(cuEventCreate(&ev2, CU_EVENT_DISABLE_TIMING));
+    rc = cuGreenCtxRecordEvent(g, ev2);
+    ms = rc == CUDA_SUCCESS ? event_wait_ms(ev2) : -1;
+    printf("RESULT green_greenrecord_covers_primary rc=%s wait_ms=%.1f\n", gc_rc(rc), ms);
+    GC_CHECK(cuCtxSetCurrent(primary));
+    GC_CHECK(cuCtxSynchronize());
+
+    /* Green record covering green work. */
+    GC_CHECK(gc_spin(&kernels, gs, 300.0, 0, 0));
+    gc_sleep_ms(20);
+    GC_CHECK(cuCtxSetCurrent(gctx));
+    rc = cuCtxRecordEvent(gctx, ev);
+    ms = rc == CUDA_SUCCESS ? event_wait_ms(ev) : -1;
+    printf("RESULT green_record_green_covers_green rc=%s wait_ms=%.1f\n", gc_rc(rc), ms);
+    GC_CHECK(cuCtxSetCurrent(primary));
+    GC_CHECK(cuCtxSynchronize());
+
+    /* cuMemFree of green-allocated memory while a green kernel runs, and
+     * a launch on a primary stream meanwhile. */
+    GC_CHECK(gc_spin(&kernels, gs, 400.0, 0, 0));
+    gc_sleep_ms(20);
+    double t0 = gc_now_ms();
+    rc = cuMemFree(d2);
+    printf("RESULT green_free_under_green_kernel rc=%s ms=%.1f\n", gc_rc(rc),
+           gc_now_ms() - t0);
+    GC_CHECK(cuCtxSynchronize());
+
+    /* Destroying the green context while its kernel runs. */
+    GC_CHECK(gc_spin(&kernels, gs, 400.0, 0, 0));
+    gc_sleep_ms(20);
+    GC_CHECK(cuStreamDestroy(gs));
+    t0 = gc_now_ms();
+    rc = cuGreenCtxDestroy(g);
+    printf("RESULT green_destroy_under_kernel rc=%s ms=%.1f\n", gc_rc(rc), gc_now_ms() - t0);
+    primary_state("after_destroy", dev);
+    GC_CHECK(cuCtxSynchronize());
+
+    /* The green-allocated memory after the green context is gone. */
+    rc = cuMemsetD8(d, 7, GC_MIB);
+    CUresult sync = cuCtxSynchronize();
+    owner = NULL;
+    CUresult orc = cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d);
+    size_t free_before = 0, free_after = 0, total = 0;
+    cuMemGetInfo(&free_before, &total);
+    CUresult frc = cuMemFree(d);
+    CUresult hrc = cuMemFreeHost(h);
+    cuMemGetInfo(&free_after, &total);
+    printf("RESULT green_memory_after_destroy memset_rc=%s sync_rc=%s owner_rc=%s "
+           "owner_is_primary=%d free_rc=%s freehost_rc=%s\n", gc_rc(rc), gc_rc(sync),
+           gc_rc(orc), owner == primary, gc_rc(frc), gc_rc(hrc));
+
+    /* A green context holds a reference on the primary context. */
+    GC_CHECK(cuCtxSetCurrent(NULL));
+    CUgreenCtx g2 = make_green(dev);
+    GC_CHECK(cuDevicePrimaryCtxRelease(dev));
+    primary_state("program_released_green_alive", dev);
+    CUcontext g2ctx = NULL;
+    GC_CHECK(cuCtxFromGreenCtx(&g2ctx, g2));
+    GC_CHECK(cuCtxSetCurrent(g2ctx));
+    CUdeviceptr d3 = 0;
+    rc = cuMemAlloc(&d3, GC_MIB);
+    printf("RESULT green_alloc_without_program_primary rc=%s\n", gc_rc(rc));
+    GC_CHECK(cuCtxSetCurrent(NULL));
+    rc = cuGreenCtxDestroy(g2);
+    printf("RESULT green_destroy_last rc=%s\n", gc_rc(rc));
+    primary_state("after_last_green", dev);
+    return 0;
+}
+
+static int fact_green_dead(void)
+{
+    CUcontext primary = gc_init();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    CUgreenCtx g = make_green(dev);
+    CUcontext gctx = NULL;
+    GC_CHECK(cuCtxFromGreenCtx(&gctx, g));
+    CUevent ev;
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(cuGreenCtxDestroy(g));
+    fflush(stdout);
+    CUresult rc = cuCtxRecordEvent(gctx, ev);
+    printf("RESULT green_dead_record rc=%s\n", gc_rc(rc));
+    fflush(stdout);
+    unsigned v = 0;
+    rc = cuCtxGetApiVersion(gctx, &v);
+    printf("RESULT green_dead_api_version rc=%s\n", gc_rc(rc));
+    fflush(stdout);
+    rc = cuCtxPushCurrent(gctx);
+    printf("RESULT green_dead_push rc=%s\n", gc_rc(rc));
+    CUcontext popped;
+    if (rc == CUDA_SUCCESS)
+        cuCtxPopCurrent(&popped);
+    (void)primary;
+    return 0;
+}
+
+/* ---- registrations and context destruction -------------------------------- */
+
+static int fact_register(void)
+{
+    GC_CHECK(cuInit(0));
+    CUdevice dev;
+    GC_CHECK(cuDeviceGet(&dev, 0));
+    void *buf = gc_xpages(4 * GC_MIB);
+    CUcontext a, b;
+    GC_CHECK(cuCtxCreate(&a, NULL, 0, dev));
+    GC_CHECK(cuMemHostRegister(buf, 4 * GC_MIB, CU_MEMHOSTREGISTER_DEVICEMAP));
+    GC_CHECK(cuCtxDestroy(a));
+    GC_CHECK(cuCtxCreate(&b, NULL, 0, dev));
+    CUresult un = cuMemHostUnregister(buf);
+    CUresult re = cuMemHostRegister(buf, 4 * GC_MIB, CU_MEMHOSTREGISTER_DEVICEMAP);
+    printf("RESULT register_after_ctx_destroy unregister_rc=%s register_again_rc=%s\n",
+           gc_rc(un), gc_rc(re));
+    if (re == CUDA_SUCCESS)
+        cuMemHostUnregister(buf);
+    GC_CHECK(cuCtxDestroy(b));
+
+    /* The primary context, reset. */
+    CUcontext p;
+    GC_CHECK(cuDevicePrimaryCtxRetain(&p, dev));
+    GC_CHECK(cuCtxSetCurrent(p));
+    GC_CHECK(cuMemHostRegister(buf, 4 * GC_MIB, CU_MEMHOSTREGISTER_DEVICEMAP));
+    GC_CHECK(cuDevicePrimaryCtxReset(dev));
+    GC_CHECK(cuDevicePrimaryCtxRetain(&p, dev));
+    GC_CHECK(cuCtxSetCurrent(p));
+    re = cuMemHostRegister(buf, 4 * GC_MIB, CU_MEMHOSTREGISTER_DEVICEMAP);
+    printf("RESULT register_after_primary_reset register_again_rc=%s\n", gc_rc(re));
+    return 0;
+}
+
+/* ---- reclaim: managed and pinned 64 MiB ----------------------------------- */
+
+#define BIG (64 * GC_MIB)
+#define RING 6
+
+/* Runs iters of: take a block (ring: wait for the event of its last use),
+ * fill it on s, record its event. Returns us per iteration. */
+static double ring_loop(CUstream s, CUdeviceptr *blocks, CUevent *evs, int nblocks, int iters)
+{
+    double t0 = gc_now_ms();
+    for (int i = 0; i < iters; i++) {
+        int k = i % nblocks;
+        GC_CHECK(cuEventSynchronize(evs[k]));
+        GC_CHECK(fill_all(s, blocks[k], BIG));
+        GC_CHECK(cuEventRecord(evs[k], s));
+    }
+    GC_CHECK(cuCtxSynchronize());
+    return (gc_now_ms() - t0) * 1e3 / iters;
+}
+
+static double one_fill_ms(CUstream s, CUdeviceptr d)
+{
+    double t0 = gc_now_ms();
+    GC_CHECK(fill_all(s, d, BIG));
+    GC_CHECK(cuStreamSynchronize(s));
+    return gc_now_ms() - t0;
+}
+
+static int fact_managed(void)
+{
+    gc_init();
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr d;
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemAllocManaged(&d, BIG, CU_MEM_ATTACH_GLOBAL));
+    double alloc_ms = gc_now_ms() - t0;
+    double first = one_fill_ms(s, d), second = one_fill_ms(s, d), third = one_fill_ms(s, d);
+    memset((void *)d, 1, 4096);
+    double after_host = one_fill_ms(s, d);
+    t0 = gc_now_ms();
+    GC_CHECK(cuMemFree(d));
+    double free_ms = gc_now_ms() - t0;
+    printf("RESULT managed_block alloc_ms=%.2f fill_first_ms=%.2f fill_second_ms=%.2f "
+           "fill_third_ms=%.2f fill_after_host_page_ms=%.2f free_idle_ms=%.2f\n", alloc_ms, first,
+           second, third, after_host, free_ms);
+
+    /* The driver's loop. */
+    int iters = 20;
+    t0 = gc_now_ms();
+    for (int i = 0; i < iters; i++) {
+        GC_CHECK(cuMemAllocManaged(&d, BIG, CU_MEM_ATTACH_GLOBAL));
+        GC_CHECK(fill_all(s, d, BIG));
+        GC_CHECK(cuMemFree(d));
+    }
+    GC_CHECK(cuCtxSynchronize());
+    double driver_us = (gc_now_ms() - t0) * 1e3 / iters;
+
+    /* Reuse of a ring of blocks, each waited for. */
+    CUdeviceptr blocks[RING];
+    CUevent evs[RING];
+    for (int k = 0; k < RING; k++) {
+        GC_CHECK(cuMemAllocManaged(&blocks[k], BIG, CU_MEM_ATTACH_GLOBAL));
+        GC_CHECK(cuEventCreate(&evs[k], CU_EVENT_DISABLE_TIMING));
+        GC_CHECK(cuEventRecord(evs[k], s));
+    }
+    double ring_cold = ring_loop(s, blocks, evs, RING, RING);
+    double ring_warm = ring_loop(s, blocks, evs, RING, 60);
+    printf("RESULT managed_loop driver_us=%.1f ring_first_pass_us=%.1f ring_warm_us=%.1f\n",
+           driver_us, ring_cold, ring_warm);
+    for (int k = 0; k < RING; k++)
+        cuMemFree(blocks[k]);
+    return 0;
+}
+
+static int fact_pinned(void)
+{
+    gc_init();
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *h;
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemAllocHost(&h, BIG));
+    double alloc_ms = gc_now_ms() - t0;
+    CUdeviceptr d;
+    GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
+    double first = one_fill_ms(s, d), second = one_fill_ms(s, d);
+    t0 = gc_now_ms();
+    GC_CHECK(cuMemFreeHost(h));
+    double free_ms = gc_now_ms() - t0;
+    void *small;
+    t0 = gc_now_ms();
+    GC_CHECK(cuMemAllocHost(&small, 4096));
+    double alloc4k = (gc_now_ms() - t0) * 1e3;
+    t0 = gc_now_ms();
+    GC_CHECK(cuMemFreeHost(small));
+    double free4k = (gc_now_ms() - t0) * 1e3;
+    printf("RESULT pinned_block alloc_ms=%.2f fill_first_ms=%.2f fill_second_ms=%.2f "
+           "free_idle_ms=%.2f alloc_4k_us=%.1f free_4k_idle_us=%.1f\n", alloc_ms, first, second,
+           free_ms, alloc4k, free4k);
+
+    int iters = 10;
+    t0 = gc_now_ms();
+    for (int i = 0; i < iters; i++) {
+        GC_CHECK(cuMemAllocHost(&h, BIG));
+        GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
+        GC_CHECK(fill_all(s, d, BIG));
+        GC_CHECK(cuMemFreeHost(h));
+    }
+    GC_CHECK(cuCtxSynchronize());
+    double driver_us = (gc_now_ms() - t0) * 1e3 / iters;
+
+    CUdeviceptr blocks[RING];
+    CUevent evs[RING];
+    void *hs[RING];
+    for (int k = 0; k < RING; k++) {
+        GC_CHECK(cuMemAllocHost(&hs[k], BIG));
+        GC_CHECK(cuMemHostGetDevicePointer(&blocks[k], hs[k], 0));
+        GC_CHECK(cuEventCreate(&evs[k], CU_EVENT_DISABLE_TIMING));
+        GC_CHECK(cuEventRecord(evs[k], s));
+    }
+    double ring_cold = ring_loop(s, blocks, evs, RING, RING);
+    double ring_warm = ring_loop(s, blocks, evs, RING, 40);
+    printf("RESULT pinned_loop driver_us=%.1f ring_first_pass_us=%.1f ring_warm_us=%.1f\n",
+           driver_us, ring_cold, ring_warm);
+    for (int k = 0; k < RING; k++)
+        cuMemFreeHost(hs[k]);
+    return 0;
+}
+
+/* ---- what a fence costs --------------------------------------------------- */
+
+static int fact_fence(void)
+{
+    CUcontext ctx = gc_init();
+    load_kernels();
+    CUstream priv, s;
+    GC_CHECK(cuStreamCreate(&priv, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUevent fence, done[64];
+    GC_CHECK(cuEventCreate(&fence, CU_EVENT_DISABLE_TIMING));
+    for (int i = 0; i < 64; i++)
+        GC_CHECK(cuEventCreate(&done[i], CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(gc_spin(&kernels, s, 200.0, 0, 0));
+    int n = 20000;
+    double t0 = gc_now_ms();
+    for (int i = 0; i < n; i++) {
+        GC_CHECK(cuCtxRecordEvent(ctx, fence));
+        GC_CHECK(cuStreamWaitEvent(priv, fence, 0));
+        GC_CHECK(cuEventRecord(done[i % 64], priv));
+    }
+    double fence_us = (gc_now_ms() - t0) * 1e3 / n;
+    t0 = gc_now_ms();
+    for (int i = 0; i < n; i++)
+        (void)cuEventQuery(done[i % 64]);
+    double query_us = (gc_now_ms() - t0) * 1e3 / n;
+    GC_CHECK(cuCtxSynchronize());
+    printf("RESULT fence_cost record_wait_record_us=%.3f event_query_us=%.3f\n", fence_us,
+           query_us);
+    return 0;
+}
+
+/* ---- answers for freed memory -------------------------------------------- */
+
+static int fact_freed(void)
+{
+    gc_init();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, GC_MIB));
+    GC_CHECK(cuMemFreeAsync(d, s));
+    GC_CHECK(cuStreamSynchronize(s));
+    CUresult again_async = cuMemFreeAsync(d, s);
+    cuStreamSynchronize(s);
+    CUresult again = cuMemFree(d);
+    printf("RESULT freed_device_after_freeasync freeasync_rc=%s free_rc=%s\n", gc_rc(again_async),
+           gc_rc(again));
+
+    GC_CHECK(cuMemAlloc(&d, GC_MIB));
+    GC_CHECK(cuMemFree(d));
+    CUcontext owner = NULL;
+    CUresult a = cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = cuMemGetAddressRange(&base, &size, d + 16);
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned memtype = 77;
+    CUcontext c2 = (CUcontext)1;
+    size_t rsize = 77;
+    void *vals[] = {&memtype, &c2, &rsize};
+    CUresult m = cuPointerGetAttributes(3, attrs, vals, d);
+    printf("RESULT freed_device_queries attribute_rc=%s range_rc=%s attributes_rc=%s "
+           "memtype=%u ctx_null=%d range_size=%zu\n", gc_rc(a), gc_rc(r), gc_rc(m), memtype,
+           c2 == NULL, rsize);
+
+    void *h;
+    GC_CHECK(cuMemAllocHost(&h, GC_MIB));
+    GC_CHECK(cuMemFreeHost(h));
+    unsigned flags = 0;
+    CUresult f = cuMemHostGetFlags(&flags, h);
+    CUdeviceptr dp = 0;
+    CUresult g = cuMemHostGetDevicePointer(&dp, h, 0);
+    memtype = 77;
+    CUresult t = cuPointerGetAttribute(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       (CUdeviceptr)(uintptr_t)h);
+    printf("RESULT freed_host_queries hostgetflags_rc=%s devptr_rc=%s memtype_rc=%s\n", gc_rc(f),
+           gc_rc(g), gc_rc(t));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } facts[] = {
+        {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
+        {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
+        {"freed", fact_freed},
+    };
+    if (argc == 2 && strcmp(argv[1], "list") == 0) {
+        for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
+            printf("%s\n", facts[i].name);
+        return 0;
+    }
+    for (size_t i = 0; argc == 2 && i < sizeof facts / sizeof facts[0]; i++)
+        if (strcmp(argv[1], facts[i].name) == 0)
+            return facts[i].fn();
+    gc_die("usage: facts list | facts <name>");
+    return 2;
+}
