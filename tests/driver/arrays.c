@@ -71,7 +71,7 @@ static CUresult array_create(void **out, size_t bytes, enum td_objkind kind)
     if (!td_cap_take(TD_CAP_DEVICE, bytes))
         return td_leave(CUDA_ERROR_OUT_OF_MEMORY);
     struct td_array *a = td_xcalloc(1, sizeof *a);
-    td_obj_register(&a->h, kind, c);
+    td_obj_register(&a->h, kind, td_ctx_root(c));
     a->bytes = bytes;
     td_live_add(TESTDRV_ARRAY, 1, (long long)bytes);
     *out = a;

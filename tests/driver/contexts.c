@@ -1,18 +1,31 @@
 /* contexts.c - contexts, the per-thread current-context stack, primary
- * contexts and context teardown.
+ * contexts, green contexts' life cycle and context teardown.
  *
  * A user context (cuCtxCreate*) dies for good at cuCtxDestroy. A primary
- * context keeps one handle per device: it is active between the first
- * retain and the last release (or a reset), and each activation starts
- * clean (objects of the previous activation stay dead).
+ * context keeps one handle per device: it is active while the program
+ * holds a retain or a green context lives (each holds a reference, as
+ * measured on an H200, driver 580.159.04, 2026-12-01, tests/gpu/facts.c
+ * green), and each activation starts clean (objects of the previous
+ * activation stay dead).
  *
- * Teardown (cuCtxDestroy, last primary release, reset) waits for the
- * context's streams, then frees what the context owns: device, pinned
- * host, managed and registered memory, arrays, modules, streams, events.
- * Pool memory and cuMemCreate handles are not the context's and survive;
- * libraries are context-independent and survive too (only their load into
- * this context goes). Later calls naming the context or its objects are
- * counted (testdrv_dead_context_calls). */
+ * A green context is a context of its own (its CUcontext differs from the
+ * primary's and stays the same) with its own streams; what is made while
+ * it is current (memory, events, modules, arrays) belongs to the primary
+ * context (measured: the memory's CU_POINTER_ATTRIBUTE_CONTEXT is the
+ * primary's, and it outlives cuGreenCtxDestroy). cuGreenCtxDestroy does
+ * not wait (measured: 0 ms under a running kernel); its streams die with
+ * it, and the work they still hold runs on.
+ *
+ * Teardown of a user or primary context (cuCtxDestroy, last primary
+ * reference, reset) destroys the primary's green contexts first, waits for
+ * the streams of the context and of its green contexts, then frees what
+ * the context owns: device, pinned host, managed and registered memory
+ * (registrations are undone: the range can be registered again, measured
+ * by facts register), arrays, modules, streams, events. Pool memory and
+ * cuMemCreate handles are not the context's and survive; libraries are
+ * context-independent and survive too (only their load into this context
+ * goes). Later calls naming the context or its objects are counted
+ * (testdrv_dead_context_calls). */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -92,11 +105,28 @@ CUresult td_ctx_arg(CUcontext h, struct td_ctx **out)
 
 /* A context handle for the stack operations: known contexts only; a
  * destroyed user context is refused (counted), an inactive primary one is
- * accepted (using it later fails with CONTEXT_IS_DESTROYED). */
+ * accepted (using it later fails with CONTEXT_IS_DESTROYED), and so is a
+ * destroyed green context, counted (measured on an H200, driver
+ * 580.159.04, 2026-12-01, tests/gpu/facts.c green-dead: cuCtxPushCurrent
+ * of it returns CUDA_SUCCESS). */
 static CUresult ctx_for_stack(CUcontext h, struct td_ctx **out)
 {
     struct td_ctx *c = (struct td_ctx *)td_obj_find(h, TD_OBJ_CTX);
-    return ctx_found(c, c && c->primary, CUDA_ERROR_INVALID_CONTEXT, out);
+    if (c && c->parent && !c->alive)
+        td_dead_call();
+    return ctx_found(c, c && (c->primary || c->parent), CUDA_ERROR_INVALID_CONTEXT, out);
+}
+
+struct td_ctx *td_ctx_root(struct td_ctx *c) { return c->parent ? c->parent : c; }
+
+void td_ctx_set_sticky(struct td_ctx *c, CUresult rc)
+{
+    struct td_ctx *root = td_ctx_root(c);
+    if (root->sticky == CUDA_SUCCESS)
+        root->sticky = rc;
+    for (struct td_ctx *g = root->greens; g; g = g->green_next)
+        if (g->sticky == CUDA_SUCCESS)
+            g->sticky = rc;
 }
 
 /* td_enter_args, then td_ctx_arg(h): the front of a call on a context
@@ -112,11 +142,13 @@ static CUresult ctx_arg_enter(CUcontext h, bool args_ok, struct td_ctx **out)
 /* ------------------------------------------------------------------ */
 /* Life cycle                                                          */
 
-/* Makes c alive with a fresh legacy stream. */
+/* Makes c alive with a fresh legacy stream and no green contexts. */
 static void ctx_activate(struct td_ctx *c)
 {
     c->alive = true;
     c->sticky = CUDA_SUCCESS;
+    c->greens = NULL;
+    c->green_refs = 0;
     c->streams = NULL; /* release_holds is left alone: a release of the
                           previous activation may still be unwinding */
     c->legacy = td_stream_new(c, TD_ST_LEGACY, 0, 0);
@@ -155,20 +187,45 @@ static void obj_teardown(struct td_obj *o)
     }
 }
 
+/* Marks every object of c dead and undoes its accounting. */
+static void ctx_objects_teardown(struct td_ctx *c)
+{
+    for (struct td_obj *o = td.all; o; o = o->all_next)
+        if (o->ctx == c && o != &c->h && !o->released && !o->ctx_dead)
+            obj_teardown(o);
+}
+
+/* Destroys a green context without waiting: it refuses new work, its
+ * captures end, its streams die (their queued work still runs). Owns no
+ * memory or other objects (its root does). */
+static void green_teardown(struct td_ctx *g)
+{
+    g->alive = false;
+    td_capture_end_ctx(g);
+    ctx_objects_teardown(g);
+    td_deps_free(&g->wait_deps);
+    td_live_add(TESTDRV_CONTEXT, -1, 0);
+    pthread_cond_broadcast(&td.cv);
+}
+
 /* Tears c down (td.mu held; dropped while waiting for its streams). The
- * caller has checked c is alive. */
+ * caller has checked c is alive. A primary context's green contexts go
+ * first (cuDevicePrimaryCtxReset destroys everything of the device's
+ * context; not measured with green contexts alive). */
 static void ctx_teardown(struct td_ctx *c)
 {
     c->alive = false; /* refuse new work from here on */
+    for (struct td_ctx *g = c->greens; g; g = g->green_next)
+        if (g->alive)
+            green_teardown(g);
+    c->green_refs = 0;
     td_note_wait_call();
     td_capture_end_ctx(c);
     td_ctx_wait_idle(c, false);
     td_pending_teardown_ctx(c);
     td_mem_teardown_ctx(c);
     td_libraries_teardown_ctx(c);
-    for (struct td_obj *o = td.all; o; o = o->all_next)
-        if (o->ctx == c && o != &c->h && !o->released && !o->ctx_dead)
-            obj_teardown(o);
+    ctx_objects_teardown(c);
     td_deps_free(&c->wait_deps);
     td_live_add(TESTDRV_CONTEXT, -1, 0);
     pthread_cond_broadcast(&td.cv);
@@ -233,7 +290,8 @@ TD_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
 }
 
 /* cuCtxDestroy: tears a user context down; pops it if it is the calling
- * thread's current one. Primary contexts cannot be destroyed this way. */
+ * thread's current one. Primary and green contexts cannot be destroyed
+ * this way. */
 static CUresult ctx_destroy(CUcontext h)
 {
     CUresult rc = td_enter();
@@ -246,6 +304,8 @@ static CUresult ctx_destroy(CUcontext h)
         td_dead_call();
         return td_leave(CUDA_ERROR_INVALID_CONTEXT);
     }
+    if (c->parent) /* a green context goes with cuGreenCtxDestroy (a guess) */
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
     if (stack_top() == c)
         stack_pop();
     ctx_teardown(c);
@@ -459,7 +519,8 @@ TD_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return td_leave(CUDA_SUCCESS);
 }
 
-/* Drops one retain; the last one tears the context down. */
+/* Drops one of the program's retains; the last one tears the context
+ * down unless a green context still holds it. */
 static CUresult primary_release(CUdevice dev)
 {
     struct td_ctx *c;
@@ -468,7 +529,7 @@ static CUresult primary_release(CUdevice dev)
         return rc;
     if (!c->alive || c->refcount <= 0)
         return td_leave(CUDA_ERROR_INVALID_CONTEXT);
-    if (--c->refcount == 0)
+    if (--c->refcount == 0 && c->green_refs == 0)
         ctx_teardown(c);
     return td_leave(CUDA_SUCCESS);
 }
@@ -485,7 +546,8 @@ TD_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return primary_release(dev);
 }
 
-/* Tears the primary context down whatever its retain count. */
+/* Tears the primary context down whatever its retain count, its green
+ * contexts included. */
 static CUresult primary_reset(CUdevice dev)
 {
     struct td_ctx *c;
@@ -511,6 +573,8 @@ TD_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return primary_reset(dev);
 }
 
+/* Active exactly while the program holds a retain or a green context
+ * lives: inactive after the last release or a reset. */
 TD_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     TD_COUNT(cuDevicePrimaryCtxGetState);
@@ -521,4 +585,47 @@ TD_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
     *flags = c->flags;
     *active = c->alive ? 1 : 0;
     return td_leave(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ */
+/* Green contexts' life cycle (the API is in green.c)                  */
+
+/* Drops the dead green contexts of p whose streams have all drained. */
+static void greens_prune(struct td_ctx *p)
+{
+    for (struct td_ctx **pp = &p->greens; *pp;) {
+        struct td_ctx *g = *pp;
+        if (!g->alive && !g->streams)
+            *pp = g->green_next;
+        else
+            pp = &g->green_next;
+    }
+}
+
+struct td_ctx *td_green_ctx_new(int dev, unsigned sm_count)
+{
+    struct td_ctx *p = td.primary[dev];
+    if (!p->alive)
+        ctx_activate(p);
+    p->green_refs++;
+    greens_prune(p);
+    struct td_ctx *g = td_xcalloc(1, sizeof *g);
+    td_obj_register(&g->h, TD_OBJ_CTX, g);
+    g->dev = dev;
+    g->flags = p->flags;
+    g->parent = p;
+    g->sm_count = sm_count;
+    ctx_activate(g);
+    g->sticky = p->sticky;
+    g->green_next = p->greens;
+    p->greens = g;
+    return g;
+}
+
+void td_green_ctx_destroy(struct td_ctx *g)
+{
+    struct td_ctx *p = g->parent;
+    green_teardown(g);
+    if (--p->green_refs == 0 && p->refcount == 0 && p->alive)
+        ctx_teardown(p);
 }

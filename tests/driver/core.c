@@ -64,6 +64,15 @@ CUresult td_leave(CUresult rc)
     return rc;
 }
 
+CUresult td_leave_alloc(CUresult rc, enum testdrv_kind kind)
+{
+    unsigned usec = rc == CUDA_SUCCESS ? td.alloc_cost_us[kind] : 0;
+    pthread_mutex_unlock(&td.mu);
+    if (usec)
+        td_sleep_ns((uint64_t)usec * 1000u);
+    return rc;
+}
+
 /* fork(): the child of an initialised driver cannot use it (its worker
  * threads are gone), like the real driver; every call there returns
  * CUDA_ERROR_NOT_INITIALIZED. The lock is held across fork so the child
@@ -227,7 +236,8 @@ CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out)
         return CUDA_ERROR_INVALID_HANDLE;
     if (o->ctx_dead) {
         td_dead_call();
-        return CUDA_ERROR_INVALID_CONTEXT;
+        return o->ctx && o->ctx->parent ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+                                        : CUDA_ERROR_INVALID_CONTEXT;
     }
     *out = o;
     return CUDA_SUCCESS;

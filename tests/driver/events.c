@@ -5,7 +5,14 @@
  * captures (stream, last seq) of every stream of the context without
  * queueing anything, so it adds no dependency between streams. An event
  * is complete when all of them have completed; a never-recorded event is
- * complete. */
+ * complete.
+ *
+ * An event made while a green context is current belongs to its primary
+ * context, and works with the primary's streams and with those of every
+ * green context of it (cuda.h: "hEvent and hCtx must be from the same
+ * primary context"; measured on an H200, driver 580.159.04, 2026-12-01,
+ * tests/gpu/facts.c green: an event made in a green context recorded by
+ * cuCtxRecordEvent on the primary). */
 #include "internal.h"
 
 /* Looks up a live event (lock held). */
@@ -57,7 +64,7 @@ TD_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     struct td_event *ev = td_xcalloc(1, sizeof *ev);
-    td_obj_register(&ev->h, TD_OBJ_EVENT, c);
+    td_obj_register(&ev->h, TD_OBJ_EVENT, td_ctx_root(c));
     ev->flags = Flags;
     td_live_add(TESTDRV_EVENT, 1, 0);
     *phEvent = (CUevent)ev;
@@ -91,7 +98,8 @@ TD_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
     return event_destroy(hEvent);
 }
 
-/* cuEventRecord*: the event and the stream must share a context. On a
+/* cuEventRecord*: the event and the stream must share a context (a green
+ * context's stream: its primary context). On a
  * capturing stream the record is captured (the event then belongs to the
  * capture). */
 static CUresult event_record(CUevent hev, CUstream hs, bool ptsz, unsigned flags)
@@ -105,7 +113,7 @@ static CUresult event_record(CUevent hev, CUstream hs, bool ptsz, unsigned flags
     if ((rc = event_get(hev, &ev)) != CUDA_SUCCESS ||
         (rc = td_stream_get(hs, ptsz, &s)) != CUDA_SUCCESS)
         return td_leave(rc);
-    if (ev->h.ctx != s->h.ctx)
+    if (ev->h.ctx != td_ctx_root(s->h.ctx))
         return td_leave(CUDA_ERROR_INVALID_HANDLE);
     if ((rc = td_stream_submit_check(s, &captured)) != CUDA_SUCCESS)
         return td_leave(rc);
@@ -301,6 +309,21 @@ TD_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
  * not find them). Lock held. */
 static bool ctx_events_supported(void) { return td.version >= 12050; }
 
+/* The context named by a cuCtxRecordEvent / cuCtxWaitEvent (NULL:
+ * current), lock held. A destroyed green context is
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED (measured on an H200, driver 580.159.04,
+ * 2026-12-01, tests/gpu/facts.c green-dead, for cuCtxRecordEvent), counted
+ * as a dead call; other dead contexts as td_ctx_arg answers. */
+static CUresult ctx_event_ctx(CUcontext hctx, struct td_ctx **c)
+{
+    struct td_ctx *g = hctx ? (struct td_ctx *)td_obj_find(hctx, TD_OBJ_CTX) : NULL;
+    if (g && g->parent && !g->alive) {
+        td_dead_call();
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    return td_ctx_arg(hctx, c);
+}
+
 /* td_enter, then the front of cuCtxRecordEvent / cuCtxWaitEvent: the
  * version check, the context (NULL: current), the event. CUDA_SUCCESS with
  * td.mu held, or an error without it. */
@@ -312,8 +335,43 @@ static CUresult ctx_event_enter(CUcontext hctx, CUevent hev, struct td_ctx **c,
         return rc;
     if (!ctx_events_supported())
         return td_leave(CUDA_ERROR_NOT_SUPPORTED);
-    if ((rc = td_ctx_arg(hctx, c)) != CUDA_SUCCESS || (rc = event_get(hev, ev)) != CUDA_SUCCESS)
+    if ((rc = ctx_event_ctx(hctx, c)) != CUDA_SUCCESS || (rc = event_get(hev, ev)) != CUDA_SUCCESS)
         return td_leave(rc);
+    return CUDA_SUCCESS;
+}
+
+/* Records in ev all work submitted so far to c (a primary context: its
+ * green contexts' too; a green context: its own only, measured: 0 ms for
+ * a kernel on a primary stream, the whole green kernel for one on its
+ * stream). The event must belong to c's root. Lock held. */
+static CUresult ctx_record(struct td_ctx *c, struct td_event *ev)
+{
+    if (ev->h.ctx != td_ctx_root(c))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (td_capture_in_ctx(c)) {
+        td_capture_invalidate_ctx(c);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (c->sticky != CUDA_SUCCESS)
+        return c->sticky;
+    event_rerecord(ev, NULL);
+    td_ctx_snapshot(c, &ev->deps);
+    return CUDA_SUCCESS;
+}
+
+/* Makes all future work of c (a primary context: and of its green
+ * contexts, see streams.c) wait for ev. Lock held. */
+static CUresult ctx_wait(struct td_ctx *c, struct td_event *ev)
+{
+    if (ev->capture || td_capture_in_ctx(c)) {
+        if (ev->capture && !ev->capture->ended)
+            td_capture_invalidate(ev->capture);
+        td_capture_invalidate_ctx(c);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (c->sticky != CUDA_SUCCESS)
+        return c->sticky;
+    deps_add_all(&c->wait_deps, &ev->deps);
     return CUDA_SUCCESS;
 }
 
@@ -325,17 +383,7 @@ TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
     CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (ev->h.ctx != c)
-        return td_leave(CUDA_ERROR_INVALID_HANDLE);
-    if (td_capture_in_ctx(c)) {
-        td_capture_invalidate_ctx(c);
-        return td_leave(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    }
-    if (c->sticky != CUDA_SUCCESS)
-        return td_leave(c->sticky);
-    event_rerecord(ev, NULL);
-    td_ctx_snapshot(c, &ev->deps);
-    return td_leave(CUDA_SUCCESS);
+    return td_leave(ctx_record(c, ev));
 }
 
 TD_EXPORT CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
@@ -346,14 +394,44 @@ TD_EXPORT CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
     CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (ev->capture || td_capture_in_ctx(c)) {
-        if (ev->capture && !ev->capture->ended)
-            td_capture_invalidate(ev->capture);
-        td_capture_invalidate_ctx(c);
-        return td_leave(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    }
-    if (c->sticky != CUDA_SUCCESS)
-        return td_leave(c->sticky);
-    deps_add_all(&c->wait_deps, &ev->deps);
-    return td_leave(CUDA_SUCCESS);
+    return td_leave(ctx_wait(c, ev));
+}
+
+/* td_enter, then the front of cuGreenCtxRecordEvent / cuGreenCtxWaitEvent
+ * (driver API 12.4+): the green context and the event. CUDA_SUCCESS with
+ * td.mu held, or an error without it. */
+static CUresult green_event_enter(CUgreenCtx hg, CUevent hev, struct td_ctx **c,
+                                  struct td_event **ev)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!td_green_supported())
+        return td_leave(CUDA_ERROR_NOT_SUPPORTED);
+    if ((rc = td_green_get(hg, c)) != CUDA_SUCCESS || (rc = event_get(hev, ev)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    return CUDA_SUCCESS;
+}
+
+/* Same as cuCtxRecordEvent on the green context's CUcontext. */
+TD_EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
+{
+    TD_COUNT(cuGreenCtxRecordEvent);
+    struct td_ctx *c;
+    struct td_event *ev;
+    CUresult rc = green_event_enter(hCtx, hEvent, &c, &ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_leave(ctx_record(c, ev));
+}
+
+TD_EXPORT CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
+{
+    TD_COUNT(cuGreenCtxWaitEvent);
+    struct td_ctx *c;
+    struct td_event *ev;
+    CUresult rc = green_event_enter(hCtx, hEvent, &c, &ev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return td_leave(ctx_wait(c, ev));
 }

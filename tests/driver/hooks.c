@@ -5,19 +5,80 @@
  * every slice (so also once at its end). A touch of memory that is not
  * live (freed, unregistered, never allocated) is a fault: counted, and
  * the context gets the sticky CUDA_ERROR_ILLEGAL_ADDRESS; the kernel stops
- * there. Kernels of a context with a sticky error end at once. */
+ * there. Kernels of a context with a sticky error end at once.
+ *
+ * A writing kernel (TESTDRV_WRITE) over host memory - pinned, managed or
+ * registered - really writes: at each touch it stores TESTDRV_STAMP in
+ * the first aligned word of the range in every 4 KiB page the range
+ * covers, as the real GPU overwrites them (a program that reuses pages the
+ * GPU may still write sees it). The words are written by the kernel
+ * (process_vm_writev), not by C stores: that is no data race in the C
+ * sense, it cannot crash on a page the program unmapped while its
+ * registration was still live (the write is skipped), and ThreadSanitizer
+ * does not report a simulated GPU as a thread. Where that system call is
+ * refused, relaxed atomic stores write the driver's own memory (pinned,
+ * managed) and registered memory is left alone. */
 #include "internal.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #define TOUCH_SLICE_NS 1000000u
 #define SPIN_POLL_NS 50000u
+#define STAMP_PAGE ((uintptr_t)4096)
+#define STAMP_BATCH 256 /* words per system call (below IOV_MAX) */
 
 /* ------------------------------------------------------------------ */
 /* Kernels                                                             */
 
-/* True if the kernel may access its range now. */
-static bool touch_ok(const struct td_op *op)
+/* process_vm_writev works here (false once refused); td.mu guards it. */
+static bool vm_write_ok = true;
+
+/* Stores TESTDRV_STAMP at each of the n words of remote (4 bytes each),
+ * skipping those the process cannot write (see the file comment); without
+ * process_vm_writev only if driver_owned. */
+static void stamp_words(const struct iovec *remote, size_t n, bool driver_owned)
+{
+    uint32_t src[STAMP_BATCH];
+    for (size_t i = 0; i < n; i++)
+        src[i] = TESTDRV_STAMP;
+    size_t i = 0;
+    while (i < n && vm_write_ok) {
+        struct iovec local = { src, (n - i) * sizeof src[0] };
+        ssize_t k = process_vm_writev(getpid(), &local, 1, remote + i, n - i, 0);
+        if (k < 0 && errno != EFAULT) {
+            vm_write_ok = false;
+            break;
+        }
+        i += k > 0 ? (size_t)k / sizeof src[0] : 0;
+        if (i < n)
+            i++; /* the word that faulted: skipped */
+    }
+    for (; !vm_write_ok && driver_owned && i < n; i++)
+        __atomic_store_n((uint32_t *)remote[i].iov_base, TESTDRV_STAMP, __ATOMIC_RELAXED);
+}
+
+/* Stamps [p, p + bytes): the first 4-byte aligned word of the range in
+ * each 4 KiB page it covers. */
+static void stamp_range(uintptr_t p, size_t bytes, bool driver_owned)
+{
+    uintptr_t end = p + bytes, w = (p + 3) & ~(uintptr_t)3;
+    while (w + 4 <= end) {
+        struct iovec remote[STAMP_BATCH];
+        size_t n = 0;
+        for (; n < STAMP_BATCH && w + 4 <= end; n++) {
+            remote[n] = (struct iovec){ (void *)w, 4 };
+            w = (w & ~(STAMP_PAGE - 1)) + STAMP_PAGE;
+        }
+        stamp_words(remote, n, driver_owned);
+    }
+}
+
+/* One touch of the kernel's range: false if it may not access it now (a
+ * fault); a write over host memory leaves its stamps. */
+static bool touch(const struct td_op *op)
 {
     uintptr_t p = op->u.kernel.ptr;
     if (!p)
@@ -25,15 +86,19 @@ static bool touch_ok(const struct td_op *op)
     const struct td_alloc *a = td_alloc_covering(p, op->u.kernel.bytes);
     if (!a)
         return false;
+    bool writes = op->u.kernel.access & TESTDRV_WRITE;
     bool read_only = a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY);
-    return !(read_only && (op->u.kernel.access & TESTDRV_WRITE));
+    if (writes && read_only)
+        return false;
+    if (writes && (a->host_backed || a->kind == TESTDRV_REGISTERED))
+        stamp_range(p, op->u.kernel.bytes, a->host_backed);
+    return true;
 }
 
 static void fault(struct td_ctx *c)
 {
     td.faults++;
-    if (c->sticky == CUDA_SUCCESS)
-        c->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+    td_ctx_set_sticky(c, CUDA_ERROR_ILLEGAL_ADDRESS);
     pthread_cond_broadcast(&td.cv);
 }
 
@@ -58,7 +123,7 @@ void td_kernel_run(struct td_stream *s, struct td_op *op)
     }
     uint64_t end = td_now_ns() + op->u.kernel.usec * 1000u;
     for (;;) {
-        if (!touch_ok(op)) {
+        if (!touch(op)) {
             fault(c);
             return;
         }
@@ -79,7 +144,7 @@ CUresult td_launch_op(CUstream h, bool ptsz, struct td_ctx *fctx, struct td_op *
     struct td_stream *s;
     bool captured;
     CUresult rc = td_launch_stream(h, ptsz, &s);
-    if (rc == CUDA_SUCCESS && fctx && fctx != s->h.ctx)
+    if (rc == CUDA_SUCCESS && fctx && fctx != td_ctx_root(s->h.ctx))
         rc = CUDA_ERROR_INVALID_HANDLE;
     if (rc == CUDA_SUCCESS)
         rc = td_stream_submit_check(s, &captured);
@@ -192,3 +257,12 @@ static void set_capacity(enum td_cap cap, size_t bytes)
 TD_EXPORT void testdrv_set_device_capacity(size_t bytes) { set_capacity(TD_CAP_DEVICE, bytes); }
 
 TD_EXPORT void testdrv_set_host_capacity(size_t bytes) { set_capacity(TD_CAP_HOST, bytes); }
+
+TD_EXPORT void testdrv_set_alloc_cost(enum testdrv_kind kind, unsigned usec)
+{
+    if ((unsigned)kind >= TESTDRV_KIND_COUNT)
+        return;
+    pthread_mutex_lock(&td.mu);
+    td.alloc_cost_us[kind] = usec;
+    pthread_mutex_unlock(&td.mu);
+}

@@ -42,6 +42,10 @@
 
 #define TD_EXPORT __attribute__((visibility("default")))
 
+/* SMs of a device (an H200's): CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+ * and the SM resource of cuDeviceGetDevResource. */
+#define TD_SM_COUNT 132u
+
 /* ------------------------------------------------------------------ */
 /* Call counters (core.c)                                              */
 
@@ -74,6 +78,8 @@ enum td_objkind {
     TD_OBJ_POOL,
     TD_OBJ_GRAPH,
     TD_OBJ_VMM,
+    TD_OBJ_GREEN,    /* a CUgreenCtx handle (its CUcontext is a td_ctx) */
+    TD_OBJ_RESDESC,  /* a CUdevResourceDesc */
 };
 
 struct td_ctx;
@@ -121,13 +127,26 @@ struct td_stream {
     struct td_stream *next;    /* context's stream list */
 };
 
+struct td_green;
+
+/* A context: a user context, a device's primary context, or the CUcontext
+ * of a green context. A green context (parent != NULL) has streams of its
+ * own; everything else made while it is current (memory, events, modules,
+ * arrays) belongs to its primary context, its root (td_ctx_root). */
 struct td_ctx {
     struct td_obj h;           /* h.ctx == itself */
     int dev;
     unsigned flags;
     bool primary;
     bool alive;                /* false once destroyed / primary inactive */
-    int refcount;              /* primary: retains */
+    int refcount;              /* primary: the program's retains */
+    int green_refs;            /* primary: live green contexts (a reference each) */
+    struct td_ctx *parent;     /* green: the primary context of its device */
+    struct td_ctx *greens;     /* primary: green contexts of this activation,
+                                  dead ones included (their streams may drain) */
+    struct td_ctx *green_next; /* green: next on parent->greens */
+    struct td_green *green;    /* green: its CUgreenCtx handle */
+    unsigned sm_count;         /* SMs of its resources (green: its share) */
     CUresult sticky;           /* CUDA_SUCCESS or the sticky error */
     int release_holds;         /* waiting releases holding the launch lock */
     struct td_stream *legacy;
@@ -162,6 +181,20 @@ struct td_capture {
 struct td_graph {
     struct td_obj h;
     size_t nodes;
+};
+
+/* A CUgreenCtx: a handle of its own (h.ctx NULL); cuCtxFromGreenCtx gives
+ * ctx, the same td_ctx for its whole life. */
+struct td_green {
+    struct td_obj h;
+    struct td_ctx *ctx;
+};
+
+/* A CUdevResourceDesc (never freed: the API has no call to destroy one). */
+struct td_resdesc {
+    struct td_obj h;
+    int dev;
+    unsigned sm_count;
 };
 
 struct td_library;
@@ -272,6 +305,7 @@ struct td_state {
     struct td_ctx **primary;   /* per device */
     struct td_pool **default_pool; /* per device */
     struct td_capture *captures; /* live captures */
+    unsigned alloc_cost_us[TESTDRV_KIND_COUNT]; /* testdrv_set_alloc_cost */
 };
 
 extern struct td_state td;
@@ -308,6 +342,11 @@ CUresult td_enter_args(bool args_ok);
 /* Drops td.mu and returns rc (for `return td_leave(rc);`). */
 CUresult td_leave(CUresult rc);
 
+/* td_leave for an allocating call of kind: after a success, sleeps the
+ * allocation cost set by testdrv_set_alloc_cost, without td.mu and without
+ * counting it as a wait (it is host work, not waiting for the GPU). */
+CUresult td_leave_alloc(CUresult rc, enum testdrv_kind kind);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t td_now_ns(void);
 
@@ -336,7 +375,8 @@ struct td_obj *td_obj_find(const void *h, enum td_objkind kind);
 /* Looks up h as a live object of that kind. Returns CUDA_SUCCESS and sets
  * *out, or: NULL or unknown or released handle -> CUDA_ERROR_INVALID_HANDLE;
  * object of a destroyed context -> counts a dead call and returns
- * CUDA_ERROR_INVALID_CONTEXT. */
+ * CUDA_ERROR_INVALID_CONTEXT, or CUDA_ERROR_CONTEXT_IS_DESTROYED for a
+ * stream of a destroyed green context (cuda.h, cuGreenCtxDestroy). */
 CUresult td_obj_get(const void *h, enum td_objkind kind, struct td_obj **out);
 
 /* td_enter_args, then td_obj_get: the front of a call on one handle. */
@@ -407,6 +447,24 @@ CUresult td_enter_release(struct td_ctx **c);
  * CUDA_ERROR_INVALID_CONTEXT. */
 CUresult td_ctx_arg(CUcontext h, struct td_ctx **out);
 
+/* The context that owns what is made while c is current: c itself, or the
+ * primary context of a green context. */
+struct td_ctx *td_ctx_root(struct td_ctx *c);
+
+/* Creates a green context of dev with sm_count SMs (lock held): takes a
+ * reference on the device's primary context, activating it if needed. */
+struct td_ctx *td_green_ctx_new(int dev, unsigned sm_count);
+
+/* Destroys a live green context at once (no wait: its queued work still
+ * runs, and waiting releases of the primary context still wait for it),
+ * then drops its reference on the primary context; the last reference
+ * tears the primary context down (that waits). */
+void td_green_ctx_destroy(struct td_ctx *g);
+
+/* Sets the sticky error rc on c's root and every green context of it (a
+ * fault spoils the whole device context). */
+void td_ctx_set_sticky(struct td_ctx *c, CUresult rc);
+
 /* ---- streams.c ---- */
 
 /* Resolves a stream handle as an API call sees it. ptsz: the call is a
@@ -470,12 +528,16 @@ CUresult td_stream_submit_check(struct td_stream *s, bool *captured);
  * them). */
 void td_stream_snapshot(struct td_stream *s, struct td_deps *out);
 
-/* Dependencies covering all work submitted so far in ctx, all streams. */
+/* Dependencies covering all work submitted so far in ctx, all streams;
+ * for a primary context also its green contexts' streams (as
+ * cuCtxRecordEvent and cuCtxSynchronize cover them), for a green context
+ * only its own. */
 void td_ctx_snapshot(struct td_ctx *ctx, struct td_deps *out);
 
-/* The waiting-release core: waits until every stream of ctx finished the
- * work submitted before the call; with hold_launch the context's launch
- * lock is held meanwhile (other threads' launches stall). */
+/* The waiting-release core: waits until every stream of ctx's root and of
+ * its green contexts finished the work submitted before the call; with
+ * hold_launch the root's launch lock is held meanwhile (other threads'
+ * launches into the root or its green contexts stall). */
 void td_ctx_wait_idle(struct td_ctx *ctx, bool hold_launch);
 
 /* Stream for a launch: resolves h and, while a waiting release holds the
@@ -489,6 +551,16 @@ void td_stream_close(struct td_stream *s);
 /* Creates a stream of ctx (not registered with the program). */
 struct td_stream *td_stream_new(struct td_ctx *ctx, enum td_stype type,
                                 unsigned flags, int priority);
+
+/* ---- green.c ---- */
+
+/* Looks up a CUgreenCtx: unknown -> CUDA_ERROR_INVALID_CONTEXT;
+ * destroyed -> counted as a dead call, CUDA_ERROR_CONTEXT_IS_DESTROYED;
+ * else its context in *out. */
+CUresult td_green_get(CUgreenCtx h, struct td_ctx **out);
+
+/* False below driver version 12040 (no green contexts yet). Lock held. */
+bool td_green_supported(void);
 
 /* ---- capture.c ---- */
 
@@ -584,7 +656,7 @@ void td_libraries_teardown_ctx(struct td_ctx *ctx);
 
 /* Queues a kernel op (already built; consumed) for a launch, td.mu held:
  * resolves the stream, waits at the launch gate, checks the function's
- * context fctx (NULL: any) against the stream's, then captures or queues
+ * context fctx (NULL: any) against the stream's root, then captures or queues
  * the op. Returns what cuLaunchKernel would. */
 CUresult td_launch_op(CUstream h, bool ptsz, struct td_ctx *fctx, struct td_op *op);
 

@@ -295,7 +295,9 @@ void td_mem_teardown_ctx(struct td_ctx *ctx)
 /* The rest of an allocating call whose arguments passed (td.mu held): a
  * usable current context and the capture rules (td_cur_ctx_unsafe), a
  * non-zero size, then a context-owned allocation of kind (DEVICE, HOST or
- * MANAGED); its base goes to *base_out. */
+ * MANAGED); its base goes to *base_out. With a green context current the
+ * memory belongs to its primary context (measured on an H200, driver
+ * 580.159.04, 2026-12-01, tests/gpu/facts.c green). */
 static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, bool low,
                           uintptr_t *base_out)
 {
@@ -317,7 +319,7 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
         td_cap_give(cap, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, c);
+    struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, td_ctx_root(c));
     a->owned = true;
     a->flags = flags;
     a->low = low;
@@ -332,7 +334,7 @@ static CUresult mem_alloc(uintptr_t *out, size_t size, bool low)
     CUresult rc = td_enter_args(out != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return td_leave(alloc_new(TESTDRV_DEVICE, size, 0, low, out));
+    return td_leave_alloc(alloc_new(TESTDRV_DEVICE, size, 0, low, out), TESTDRV_DEVICE);
 }
 
 TD_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -410,7 +412,7 @@ static CUresult host_alloc(void **pp, size_t size, unsigned flags)
     uintptr_t base;
     if ((rc = alloc_new(TESTDRV_HOST, size, flags, false, &base)) == CUDA_SUCCESS)
         *pp = (void *)base;
-    return td_leave(rc);
+    return td_leave_alloc(rc, TESTDRV_HOST);
 }
 
 TD_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -442,12 +444,17 @@ TD_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
     uintptr_t base;
     if ((rc = alloc_new(TESTDRV_MANAGED, bytesize, flags, false, &base)) == CUDA_SUCCESS)
         *dptr = (CUdeviceptr)base;
-    return td_leave(rc);
+    return td_leave_alloc(rc, TESTDRV_MANAGED);
 }
 
 /* cuMemHostRegister*: pins [p, p + size) of the program's memory (host
  * capacity). Overlapping any pinned range fails with
- * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. Does not wait. */
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. Does not wait. The
+ * registration belongs to the current context (its root): the context's
+ * destruction undoes it (td_mem_teardown_ctx), after which the range is
+ * unknown to cuMemHostUnregister (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+ * and can be registered again, in another context too (measured on an
+ * H200, driver 580.159.04, 2026-12-01, tests/gpu/facts.c register). */
 static CUresult host_register(void *p, size_t size, unsigned flags)
 {
     struct td_ctx *c;
@@ -461,10 +468,10 @@ static CUresult host_register(void *p, size_t size, unsigned flags)
     if (!td_cap_take(TD_CAP_HOST, size))
         return td_leave(CUDA_ERROR_OUT_OF_MEMORY);
     struct td_alloc *a = td_alloc_add((uintptr_t)p, size, size, TESTDRV_REGISTERED,
-                                      TD_CAP_HOST, c);
+                                      TD_CAP_HOST, td_ctx_root(c));
     a->owned = true;
     a->flags = flags;
-    return td_leave(CUDA_SUCCESS);
+    return td_leave_alloc(CUDA_SUCCESS, TESTDRV_REGISTERED);
 }
 
 TD_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
@@ -783,6 +790,69 @@ TD_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     if (!a)
         return td_leave(unknown_pointer((uintptr_t)ptr, CUDA_ERROR_INVALID_VALUE));
     return td_leave(pointer_attribute(data, attribute, a, (uintptr_t)ptr));
+}
+
+/* What cuPointerGetAttributes writes for an attribute it has no value for
+ * (a pointer of no live allocation, freed memory included): measured on an
+ * H200, driver 580.159.04, 2026-12-01 (tests/gpu/facts.c freed): MEMORY_TYPE
+ * 0 and CONTEXT NULL written, RANGE_SIZE left unwritten. The others follow
+ * cuda.h ("default NULL values"), except RANGE_START_ADDR and
+ * DEVICE_ORDINAL, left unwritten like RANGE_SIZE (not measured).
+ * CUDA_ERROR_INVALID_VALUE for an unknown attribute. */
+static CUresult pointer_default(void *data, CUpointer_attribute attr)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(unsigned *)data = 0;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = 0;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        *(void **)data = NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = 0;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *(CUmemoryPool *)data = NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* cuPointerGetAttributes: unlike cuPointerGetAttribute, a pointer of no
+ * live allocation is CUDA_SUCCESS with default values (pointer_default);
+ * so is an attribute that does not apply to the allocation (the host
+ * pointer of device memory). */
+TD_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                          CUpointer_attribute *attributes, void **data,
+                                          CUdeviceptr ptr)
+{
+    TD_COUNT(cuPointerGetAttributes);
+    CUresult rc = td_enter_args(numAttributes > 0 && attributes && data);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_alloc *a = td_alloc_covering((uintptr_t)ptr, 0);
+    if (!a)
+        unknown_pointer((uintptr_t)ptr, CUDA_SUCCESS);
+    for (unsigned i = 0; i < numAttributes && rc == CUDA_SUCCESS; i++) {
+        if (!data[i])
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else if (!a || pointer_attribute(data[i], attributes[i], a, (uintptr_t)ptr) != CUDA_SUCCESS)
+            rc = pointer_default(data[i], attributes[i]);
+    }
+    return td_leave(rc);
 }
 
 /* ------------------------------------------------------------------ */

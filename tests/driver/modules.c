@@ -13,7 +13,11 @@
  *    bench/RESULTS.md, 2026-11-29, a launch on another thread blocked
  *    945 ms); it returns at once if the library was never loaded.
  * Libraries are context-independent: a context teardown drops only their
- * load into that context. */
+ * load into that context. Modules and library loads made while a green
+ * context is current belong to its primary context, and their kernels run
+ * on the streams of the primary and of every green context of it
+ * (measured on an H200, driver 580.159.04, 2026-12-01, tests/gpu/facts.c
+ * green: a kernel of the primary's module launched on a green stream). */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -81,7 +85,7 @@ static CUresult module_load(CUmodule *out, const void *image)
     td_ctx_wait_idle(c, true);
     if (!c->alive)
         return td_leave(CUDA_ERROR_CONTEXT_IS_DESTROYED);
-    struct td_module *m = module_new(c, NULL);
+    struct td_module *m = module_new(td_ctx_root(c), NULL);
     td_live_add(TESTDRV_MODULE, 1, 0);
     *out = (CUmodule)m;
     return td_leave(CUDA_SUCCESS);
@@ -285,7 +289,7 @@ TD_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
         return rc;
     if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
-    *pMod = (CUmodule)library_module((struct td_library *)o, c);
+    *pMod = (CUmodule)library_module((struct td_library *)o, td_ctx_root(c));
     return td_leave(CUDA_SUCCESS);
 }
 
@@ -297,7 +301,7 @@ static CUresult kernel_function(struct td_kernel *k, struct td_function **out)
     CUresult rc = td_cur_ctx_usable(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *out = module_function(library_module(k->lib, c), k->name);
+    *out = module_function(library_module(k->lib, td_ctx_root(c)), k->name);
     return CUDA_SUCCESS;
 }
 

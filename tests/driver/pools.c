@@ -195,9 +195,10 @@ static bool match_covered(const struct pending *p, const void *deps)
     return pending_covered(p, deps);
 }
 
+/* Frees made on a stream of ctx or of one of its green contexts. */
 static bool match_ctx(const struct pending *p, const void *ctx)
 {
-    return p->s->h.ctx == ctx;
+    return td_ctx_root(p->s->h.ctx) == ctx;
 }
 
 void td_pending_cover(const struct td_deps *deps)
@@ -231,12 +232,12 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool hpool, 
     if (size == 0)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     struct td_alloc *a;
-    if ((rc = pool_take(pl, size, s->h.ctx, &a)) != CUDA_SUCCESS)
+    if ((rc = pool_take(pl, size, td_ctx_root(s->h.ctx), &a)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (captured)
         td_capture_record(s, td_op_new(TD_OP_NOP));
     *dptr = (CUdeviceptr)a->base;
-    return td_leave(CUDA_SUCCESS);
+    return td_leave_alloc(CUDA_SUCCESS, pl->kind);
 }
 
 TD_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)

@@ -198,6 +198,20 @@ static bool ensure_worker(struct td_stream *s)
     return true;
 }
 
+/* Adds a context's cuCtxWaitEvent dependencies to op, dropping those
+ * already met. */
+static void add_wait_deps(struct td_deps *w, struct td_op *op)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        if (w->v[i].s->completed >= w->v[i].seq)
+            continue;
+        td_deps_add(&op->deps, w->v[i].s, w->v[i].seq);
+        w->v[keep++] = w->v[i];
+    }
+    w->n = keep;
+}
+
 /* Adds the implicit dependencies of an op queued on s. */
 static void add_implicit_deps(struct td_stream *s, struct td_op *op)
 {
@@ -209,15 +223,9 @@ static void add_implicit_deps(struct td_stream *s, struct td_op *op)
     } else if (td_stream_is_blocking(s) && c->legacy->completed < c->legacy->submitted) {
         td_deps_add(&op->deps, c->legacy, c->legacy->submitted);
     }
-    struct td_deps *w = &c->wait_deps;
-    size_t keep = 0;
-    for (size_t i = 0; i < w->n; i++) {
-        if (w->v[i].s->completed >= w->v[i].seq)
-            continue;
-        td_deps_add(&op->deps, w->v[i].s, w->v[i].seq);
-        w->v[keep++] = w->v[i];
-    }
-    w->n = keep;
+    add_wait_deps(&c->wait_deps, op);
+    if (c->parent) /* cuCtxWaitEvent on the primary holds its green contexts too */
+        add_wait_deps(&c->parent->wait_deps, op);
 }
 
 CUresult td_stream_enqueue(struct td_stream *s, struct td_op *op)
@@ -273,14 +281,25 @@ void td_stream_snapshot(struct td_stream *s, struct td_deps *out)
             td_deps_add(out, b, b->submitted);
 }
 
-void td_ctx_snapshot(struct td_ctx *ctx, struct td_deps *out)
+/* Adds every stream of ctx alone to out. */
+static void streams_snapshot(const struct td_ctx *ctx, struct td_deps *out)
 {
     for (struct td_stream *s = ctx->streams; s; s = s->next)
         td_deps_add(out, s, s->submitted);
 }
 
+void td_ctx_snapshot(struct td_ctx *ctx, struct td_deps *out)
+{
+    streams_snapshot(ctx, out);
+    if (ctx->parent)
+        return;
+    for (const struct td_ctx *g = ctx->greens; g; g = g->green_next)
+        streams_snapshot(g, out);
+}
+
 void td_ctx_wait_idle(struct td_ctx *ctx, bool hold_launch)
 {
+    ctx = td_ctx_root(ctx);
     if (hold_launch)
         ctx->release_holds++;
     struct td_deps deps = { 0 };
@@ -299,10 +318,11 @@ static bool launch_lock_free(void *arg)
     return c->release_holds == 0 || !c->alive;
 }
 
-/* Blocks while a waiting release holds ctx's launch lock. */
+/* Blocks while a waiting release holds the launch lock of ctx's root
+ * (which a green context shares with its primary context). */
 static void launch_gate(struct td_ctx *ctx)
 {
-    td_block_until(launch_lock_free, ctx);
+    td_block_until(launch_lock_free, td_ctx_root(ctx));
 }
 
 CUresult td_launch_stream(CUstream h, bool ptsz, struct td_stream **out)
@@ -312,7 +332,7 @@ CUresult td_launch_stream(CUstream h, bool ptsz, struct td_stream **out)
         CUresult rc = td_stream_get(h, ptsz, &s);
         if (rc != CUDA_SUCCESS)
             return rc;
-        if (s->h.ctx->release_holds == 0) {
+        if (td_ctx_root(s->h.ctx)->release_holds == 0) {
             *out = s;
             return CUDA_SUCCESS;
         }
@@ -323,6 +343,18 @@ CUresult td_launch_stream(CUstream h, bool ptsz, struct td_stream **out)
 /* ------------------------------------------------------------------ */
 /* Stream API                                                          */
 
+/* A program's stream of c (lock held). */
+static CUstream user_stream_new(struct td_ctx *c, unsigned flags, int priority)
+{
+    /* Priorities are clamped to the range an H200 reports, [-5, 0]. */
+    priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    struct td_stream *s = td_stream_new(c, TD_ST_USER, flags, priority);
+    td_live_add(TESTDRV_STREAM, 1, 0);
+    return (CUstream)s;
+}
+
+/* cuStreamCreate*: a stream of the current context (of a green context's
+ * own when its CUcontext is current, as cuda.h describes it). */
 static CUresult stream_create(CUstream *phStream, unsigned flags, int priority)
 {
     CUresult rc = td_enter_args(phStream && !(flags & ~(unsigned)CU_STREAM_NON_BLOCKING));
@@ -331,11 +363,7 @@ static CUresult stream_create(CUstream *phStream, unsigned flags, int priority)
     struct td_ctx *c;
     if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
-    /* Priorities are clamped to the range an H200 reports, [-5, 0]. */
-    priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
-    struct td_stream *s = td_stream_new(c, TD_ST_USER, flags, priority);
-    td_live_add(TESTDRV_STREAM, 1, 0);
-    *phStream = (CUstream)s;
+    *phStream = user_stream_new(c, flags, priority);
     return td_leave(CUDA_SUCCESS);
 }
 
@@ -349,6 +377,28 @@ TD_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int f
 {
     TD_COUNT(cuStreamCreateWithPriority);
     return stream_create(phStream, flags, priority);
+}
+
+/* cuGreenCtxStreamCreate (driver API 12.5+): a stream of the green
+ * context, whatever is current; CU_STREAM_NON_BLOCKING is required. */
+TD_EXPORT CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx,
+                                          unsigned int flags, int priority)
+{
+    TD_COUNT(cuGreenCtxStreamCreate);
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (td.version < 12050) /* cudaTypedefs.h: PFN_cuGreenCtxStreamCreate_v12050 */
+        return td_leave(CUDA_ERROR_NOT_SUPPORTED);
+    struct td_ctx *g;
+    if ((rc = td_green_get(greenCtx, &g)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (!phStream || flags != CU_STREAM_NON_BLOCKING)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (g->sticky != CUDA_SUCCESS)
+        return td_leave(g->sticky);
+    *phStream = user_stream_new(g, flags, priority);
+    return td_leave(CUDA_SUCCESS);
 }
 
 /* Destroys a user stream: returns at once; queued work still runs. */
@@ -461,15 +511,35 @@ TD_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
     return stream_query(hStream, true);
 }
 
+/* cuStreamGetCtx answers the stream's context: for a green context's
+ * stream its CUcontext (measured on an H200, driver 580.159.04,
+ * 2026-12-01, tests/gpu/facts.c green). cuStreamGetCtx_v2 (pgreen) answers
+ * the primary context and the green context instead, as cuda.h says. */
 static CUresult stream_get_ctx(CUstream h, bool ptsz, CUcontext *pctx, CUgreenCtx *pgreen)
 {
     struct td_stream *s;
     CUresult rc = td_enter_stream(h, ptsz, pctx != NULL, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *pctx = (CUcontext)s->h.ctx;
+    struct td_ctx *c = s->h.ctx;
+    *pctx = (CUcontext)(pgreen ? td_ctx_root(c) : c);
     if (pgreen)
-        *pgreen = NULL;
+        *pgreen = c->parent ? (CUgreenCtx)c->green : NULL;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* cuStreamGetGreenCtx (driver API 12.4+): the green context of the
+ * stream's context, or NULL. */
+TD_EXPORT CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx)
+{
+    TD_COUNT(cuStreamGetGreenCtx);
+    struct td_stream *s;
+    CUresult rc = td_enter_stream(hStream, false, phCtx != NULL, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!td_green_supported())
+        return td_leave(CUDA_ERROR_NOT_SUPPORTED);
+    *phCtx = s->h.ctx->parent ? (CUgreenCtx)s->h.ctx->green : NULL;
     return td_leave(CUDA_SUCCESS);
 }
 

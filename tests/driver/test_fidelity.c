@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "testdriver.h"
@@ -1074,4 +1075,606 @@ Test(errors, stream_destroy_lets_queued_work_finish, .timeout = 10)
     cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
     CU_OK(cuEventSynchronize(ev));
     cr_assert_geq(now_ns() - t0, 150 * MS);
+}
+
+/* ------------------------------------------------------------------ */
+/* 11. Green contexts (measured on an H200, driver 580.159.04,          */
+/*     2026-12-01, tests/gpu/facts.c green and green-dead)              */
+
+/* cuInit and the primary context of device 0, retained and current. */
+static CUcontext primary_setup(void)
+{
+    CUcontext p;
+    CU_OK(cuInit(0));
+    CU_OK(cuDevicePrimaryCtxRetain(&p, 0));
+    CU_OK(cuCtxSetCurrent(p));
+    return p;
+}
+
+/* A green context of device 0 with one group of at least min_sms SMs. */
+static CUgreenCtx green_new(unsigned min_sms)
+{
+    CUdevResource all, group, rest;
+    unsigned n = 1;
+    CUdevResourceDesc desc;
+    CUgreenCtx g;
+    CU_OK(cuDeviceGetDevResource(0, &all, CU_DEV_RESOURCE_TYPE_SM));
+    CU_OK(cuDevSmResourceSplitByCount(&group, &n, &all, &rest, 0, min_sms));
+    CU_OK(cuDevResourceGenerateDesc(&desc, &group, 1));
+    CU_OK(cuGreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    return g;
+}
+
+static CUcontext green_ctx(CUgreenCtx g)
+{
+    CUcontext c = NULL;
+    CU_OK(cuCtxFromGreenCtx(&c, g));
+    return c;
+}
+
+static CUstream green_stream(CUgreenCtx g)
+{
+    CUstream s;
+    CU_OK(cuGreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0));
+    return s;
+}
+
+static int primary_active(void)
+{
+    unsigned flags;
+    int active = -1;
+    CU_OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    return active;
+}
+
+Test(green, resources_split_and_descriptors, .timeout = 10)
+{
+    CU_OK(cuInit(0));
+    CUdevResource all, groups[4], rest;
+    CU_OK(cuDeviceGetDevResource(0, &all, CU_DEV_RESOURCE_TYPE_SM));
+    cr_assert_eq(all.type, CU_DEV_RESOURCE_TYPE_SM);
+    cr_assert_eq(all.sm.smCount, 132);
+    cr_assert_eq(all.sm.minSmPartitionSize, 8);
+    cr_assert_eq(all.sm.smCoscheduledAlignment, 8);
+    unsigned n = 0;
+    CU_OK(cuDevSmResourceSplitByCount(NULL, &n, &all, NULL, 0, 33));
+    cr_assert_eq(n, 3, "groups of 40 SMs (33 rounded up to 8)");
+    n = 2;
+    CU_OK(cuDevSmResourceSplitByCount(groups, &n, &all, &rest, 0, 33));
+    cr_assert_eq(n, 2);
+    cr_assert_eq(groups[0].sm.smCount, 40);
+    cr_assert_eq(rest.sm.smCount, 52);
+    CUdevResourceDesc desc, other;
+    CU_OK(cuDevResourceGenerateDesc(&desc, groups, 2));
+    cr_assert_eq(cuDevResourceGenerateDesc(&other, (CUdevResource[]){ groups[0], all }, 2),
+                 CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "not from one split");
+    cr_assert_eq(cuDeviceGetDevResource(0, &all, CU_DEV_RESOURCE_TYPE_INVALID),
+                 CUDA_ERROR_INVALID_RESOURCE_TYPE);
+    cr_assert_eq(cuDevSmResourceSplitByCount(groups, &n, &all, NULL, 0, 200),
+                 CUDA_ERROR_INVALID_VALUE);
+
+    CUgreenCtx g;
+    cr_assert_eq(cuGreenCtxCreate(&g, desc, 0, 0), CUDA_ERROR_INVALID_VALUE,
+                 "CU_GREEN_CTX_DEFAULT_STREAM is required");
+    CU_OK(cuGreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM));
+    CUdevResource mine;
+    CU_OK(cuGreenCtxGetDevResource(g, &mine, CU_DEV_RESOURCE_TYPE_SM));
+    cr_assert_eq(mine.sm.smCount, 80);
+    CU_OK(cuCtxGetDevResource(green_ctx(g), &mine, CU_DEV_RESOURCE_TYPE_SM));
+    cr_assert_eq(mine.sm.smCount, 80);
+    CU_OK(cuGreenCtxDestroy(g));
+}
+
+Test(green, handles_and_stream_contexts, .timeout = 10)
+{
+    CUcontext primary = primary_setup();
+    CUgreenCtx g = green_new(33);
+    CUcontext gctx = green_ctx(g);
+    cr_assert_neq(gctx, primary);
+    cr_assert_eq(green_ctx(g), gctx, "the same handle on every call");
+    cr_assert_neq((void *)gctx, (void *)g);
+    unsigned v = 0;
+    CU_OK(cuCtxGetApiVersion(gctx, &v));
+    cr_assert_gt(v, 0);
+    cr_assert_eq(primary_active(), 1);
+
+    CUstream gs = green_stream(g), ps = stream_new(CU_STREAM_NON_BLOCKING);
+    CUcontext of = NULL;
+    CUgreenCtx gof = NULL;
+    CU_OK(cuStreamGetCtx(gs, &of));
+    cr_assert_eq(of, gctx);
+    CU_OK(cuStreamGetCtx_v2(gs, &of, &gof));
+    cr_assert_eq(of, primary, "cuda.h: _v2 answers the primary and the green context");
+    cr_assert_eq(gof, g);
+    CU_OK(cuStreamGetGreenCtx(ps, &gof));
+    cr_assert_null(gof);
+    cr_assert_eq(cuGreenCtxStreamCreate(&gs, g, 0, 0), CUDA_ERROR_INVALID_VALUE,
+                 "CU_STREAM_NON_BLOCKING is required");
+    cr_assert_eq(cuCtxSetCurrent((CUcontext)g), CUDA_ERROR_INVALID_CONTEXT,
+                 "a CUgreenCtx is not a CUcontext");
+
+    /* A stream made with cuStreamCreate while the green context is
+     * current is the green context's. */
+    CU_OK(cuCtxSetCurrent(gctx));
+    CUstream s2 = stream_new(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuStreamGetCtx(s2, &of));
+    cr_assert_eq(of, gctx);
+    cr_assert_eq(testdrv_live(TESTDRV_CONTEXT), 2, "the primary and the green context");
+}
+
+/* Memory made while the green context is current is the primary's and
+ * outlives it; a kernel of the primary's module runs on a green stream. */
+Test(green, memory_belongs_to_the_primary_context, .timeout = 10)
+{
+    static const char image[] = "not a cubin";
+    CUcontext primary = primary_setup();
+    CUmodule mod;
+    CUfunction fn;
+    CU_OK(cuModuleLoadData(&mod, image));
+    CU_OK(cuModuleGetFunction(&fn, mod, "k"));
+    CUgreenCtx g = green_new(33);
+    CUstream gs = green_stream(g);
+    CU_OK(cuCtxSetCurrent(green_ctx(g)));
+    CUdeviceptr d;
+    void *h;
+    CUcontext owner = NULL;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuMemAllocHost(&h, MIB));
+    CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+    cr_assert_eq(owner, primary);
+    CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)h));
+    cr_assert_eq(owner, primary);
+    CU_OK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, gs, NULL, NULL));
+    CU_OK(cuStreamSynchronize(gs));
+
+    CU_OK(cuCtxSetCurrent(primary));
+    CU_OK(cuStreamDestroy(gs));
+    CU_OK(cuGreenCtxDestroy(g));
+    cr_assert_eq(testdrv_live(TESTDRV_CONTEXT), 1);
+    CU_OK(cuMemsetD8(d, 7, MIB));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+    cr_assert_eq(owner, primary);
+    CU_OK(cuMemFree(d));
+    CU_OK(cuMemFreeHost(h));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE) + testdrv_live(TESTDRV_HOST), 0);
+}
+
+/* cuCtxRecordEvent on the primary covers the green streams; on the
+ * green context (or cuGreenCtxRecordEvent) only the green context's own
+ * work. */
+Test(green, record_event_coverage, .timeout = 10)
+{
+    CUcontext primary = primary_setup();
+    CUgreenCtx g = green_new(33);
+    CUcontext gctx = green_ctx(g);
+    CUstream gs = green_stream(g), ps = stream_new(CU_STREAM_NON_BLOCKING);
+    CUevent ev = event_new(), ev2 = event_new();
+
+    CU_OK(testdrv_launch(gs, 400000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuCtxRecordEvent(primary, ev));
+    uint64_t t0 = now_ns();
+    CU_OK(cuEventSynchronize(ev));
+    cr_assert_geq(now_ns() - t0, 300 * MS, "the primary's record covers the green kernel");
+    CU_OK(cuCtxSynchronize());
+
+    CU_OK(testdrv_launch(ps, 400000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuCtxRecordEvent(gctx, ev));
+    CU_OK(cuGreenCtxRecordEvent(g, ev2));
+    cr_assert_eq(cuEventQuery(ev), CUDA_SUCCESS, "the green record leaves the primary kernel out");
+    CU_OK(cuEventQuery(ev2));
+    CU_OK(cuCtxSynchronize());
+
+    CU_OK(testdrv_launch(gs, 300000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuCtxRecordEvent(gctx, ev));
+    CU_OK(cuGreenCtxRecordEvent(g, ev2));
+    cr_assert_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    cr_assert_eq(cuEventQuery(ev2), CUDA_ERROR_NOT_READY);
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuEventQuery(ev));
+}
+
+/* A waiting release waits for the green streams and stalls launches on
+ * them; cuGreenCtxDestroy under a running kernel returns at once. */
+Test(green, release_waits_for_green_work_destroy_does_not, .timeout = 10)
+{
+    primary_setup();
+    CUgreenCtx g = green_new(33);
+    CUstream gs = green_stream(g);
+    CU_OK(cuCtxSetCurrent(green_ctx(g)));
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(testdrv_launch(gs, 400000, 0, 0, TESTDRV_NONE));
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuMemFree(d));
+    cr_assert_geq(testdrv_thread_blocked_ns() - b0, 300 * MS, "cuMemFree waited for the green kernel");
+
+    struct launcher l;
+    launcher_start(&l, green_ctx(g), 50);
+    CU_OK(testdrv_launch(gs, 400000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuMemAlloc(&d, MIB));
+    atomic_store(&l.go, 1);
+    CU_OK(cuMemFree(d));
+    pthread_join(l.thread, NULL);
+    CU_OK(l.rc);
+    cr_assert_geq(l.blocked_ns, 200 * MS, "a launch in the green context stalled");
+
+    CU_OK(testdrv_launch(gs, 400000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuStreamDestroy(gs));
+    b0 = testdrv_thread_blocked_ns();
+    uint64_t t0 = now_ns();
+    CU_OK(cuGreenCtxDestroy(g));
+    cr_assert_lt(now_ns() - t0, 50 * MS);
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "cuGreenCtxDestroy does not wait");
+    CUcontext primary;
+    CU_OK(cuDevicePrimaryCtxRetain(&primary, 0));
+    CU_OK(cuCtxSetCurrent(primary));
+    t0 = now_ns();
+    CU_OK(cuCtxSynchronize());
+    cr_assert_geq(now_ns() - t0, 250 * MS, "the destroyed green context's kernel still runs");
+}
+
+/* A green context holds a reference on the primary context; the last
+ * one to go tears the primary context down. */
+Test(green, holds_a_reference_on_the_primary_context, .timeout = 10)
+{
+    CU_OK(cuInit(0));
+    cr_assert_eq(primary_active(), 0);
+    CUcontext p;
+    CU_OK(cuDevicePrimaryCtxRetain(&p, 0));
+    cr_assert_eq(primary_active(), 1);
+    CUgreenCtx g = green_new(8);
+    CU_OK(cuDevicePrimaryCtxRelease(0));
+    cr_assert_eq(primary_active(), 1, "the green context keeps it active");
+    CU_OK(cuCtxSetCurrent(green_ctx(g)));
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuCtxSetCurrent(NULL));
+    CU_OK(cuGreenCtxDestroy(g));
+    cr_assert_eq(primary_active(), 0, "the last green context took the primary with it");
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0, "the primary's memory went with it");
+    cr_assert_eq(testdrv_live(TESTDRV_CONTEXT), 0);
+
+    /* A green context made with no retain activates the primary. */
+    g = green_new(8);
+    cr_assert_eq(primary_active(), 1);
+    CU_OK(cuDevicePrimaryCtxRetain(&p, 0));
+    CU_OK(cuGreenCtxDestroy(g));
+    cr_assert_eq(primary_active(), 1, "the program's retain holds it");
+    CU_OK(cuDevicePrimaryCtxRetain(&p, 0));
+    CU_OK(cuDevicePrimaryCtxRelease(0));
+    cr_assert_eq(primary_active(), 1);
+    CU_OK(cuDevicePrimaryCtxReset(0));
+    cr_assert_eq(primary_active(), 0);
+}
+
+/* Calls naming a destroyed green context, and streams left in it. */
+Test(green, calls_naming_a_destroyed_green_context, .timeout = 10)
+{
+    primary_setup();
+    CUgreenCtx g = green_new(33);
+    CUcontext gctx = green_ctx(g);
+    CUstream gs = green_stream(g);
+    CUevent ev = event_new();
+    CU_OK(cuGreenCtxDestroy(g));
+    cr_assert_eq(testdrv_live(TESTDRV_STREAM), 0);
+
+    uint64_t dead = testdrv_dead_context_calls();
+    unsigned v;
+    cr_assert_eq(cuCtxRecordEvent(gctx, ev), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    cr_assert_eq(cuCtxGetApiVersion(gctx, &v), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuCtxPushCurrent(gctx), CUDA_SUCCESS, "measured: pushing it succeeds");
+    cr_assert_eq(testdrv_dead_context_calls(), dead + 3);
+    CUdeviceptr d;
+    cr_assert_eq(cuMemAlloc(&d, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CUcontext popped;
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(popped, gctx);
+    cr_assert_eq(cuStreamSynchronize(gs), CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuda.h");
+    cr_assert_eq(cuStreamDestroy(gs), CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuda.h");
+    cr_assert_eq(cuGreenCtxDestroy(g), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    cr_assert_eq(cuGreenCtxRecordEvent(g, ev), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    cr_assert_eq(testdrv_dead_context_calls(), dead + 8);
+}
+
+/* Every new entry point resolves through cuGetProcAddress to the exported
+ * function, from the version that introduced it, and is counted. */
+Test(green, entry_points_resolve_and_count, .timeout = 10)
+{
+    static const struct { const char *name; int version; } eps[] = {
+        { "cuDeviceGetDevResource", 12040 }, { "cuCtxGetDevResource", 12040 },
+        { "cuGreenCtxGetDevResource", 12040 }, { "cuDevSmResourceSplitByCount", 12040 },
+        { "cuDevResourceGenerateDesc", 12040 }, { "cuGreenCtxCreate", 12040 },
+        { "cuGreenCtxDestroy", 12040 }, { "cuCtxFromGreenCtx", 12040 },
+        { "cuGreenCtxStreamCreate", 12050 }, { "cuStreamGetGreenCtx", 12040 },
+        { "cuGreenCtxRecordEvent", 12040 }, { "cuGreenCtxWaitEvent", 12040 },
+        { "cuPointerGetAttributes", 7000 },
+    };
+    void *h = driver_handle();
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+        cr_assert_eq(proc(eps[i].name, eps[i].version, 0), dlsym(h, eps[i].name), "%s",
+                     eps[i].name);
+        void *fn;
+        CUdriverProcAddressQueryResult st;
+        cr_assert_eq(cuGetProcAddress_v2(eps[i].name, &fn, eps[i].version - 10, 0, &st),
+                     CUDA_ERROR_NOT_FOUND, "%s", eps[i].name);
+        cr_assert_eq(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    }
+    CU_OK(cuInit(0));
+    CUresult (*get)(CUdevice, CUdevResource *, CUdevResourceType) =
+        (CUresult (*)(CUdevice, CUdevResource *, CUdevResourceType))proc("cuDeviceGetDevResource",
+                                                                          13000, 0);
+    CUdevResource r;
+    uint64_t n = testdrv_calls("cuDeviceGetDevResource");
+    CU_OK(get(0, &r, CU_DEV_RESOURCE_TYPE_SM));
+    cr_assert_eq(testdrv_calls("cuDeviceGetDevResource"), n + 1);
+}
+
+/* Below 12.4 there are no green contexts. */
+Test(green, old_driver_has_no_green_contexts, .timeout = 10)
+{
+    setenv("TESTDRIVER_VERSION", "12030", 1);
+    CU_OK(cuInit(0));
+    void *fn;
+    CUdriverProcAddressQueryResult st;
+    cr_assert_eq(cuGetProcAddress_v2("cuGreenCtxCreate", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    CUdevResource r;
+    cr_assert_eq(cuDeviceGetDevResource(0, &r, CU_DEV_RESOURCE_TYPE_SM), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+/* ------------------------------------------------------------------ */
+/* 12. Registrations die with their context (measured: facts register) */
+
+enum teardown_way { BY_CTX_DESTROY, BY_LAST_RELEASE, BY_RESET };
+
+/* Registers buf in a context, destroys that context the given way, then
+ * checks from another context that the registration is gone. */
+static void check_registration_undone(enum teardown_way way)
+{
+    const size_t bytes = 4 * MIB;
+    void *buf = aligned_alloc(4096, bytes);
+    CUcontext a, b, p;
+    CU_OK(cuInit(0));
+    if (way == BY_CTX_DESTROY) {
+        CU_OK(cuCtxCreate(&a, NULL, 0, 0));
+    } else {
+        CU_OK(cuDevicePrimaryCtxRetain(&p, 0));
+        CU_OK(cuCtxSetCurrent(p));
+    }
+    CU_OK(cuMemHostRegister(buf, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+    cr_assert_eq(testdrv_live(TESTDRV_REGISTERED), 1);
+    if (way == BY_CTX_DESTROY)
+        CU_OK(cuCtxDestroy(a));
+    else if (way == BY_LAST_RELEASE)
+        CU_OK(cuDevicePrimaryCtxRelease(0));
+    else
+        CU_OK(cuDevicePrimaryCtxReset(0));
+    cr_assert_eq(testdrv_live(TESTDRV_REGISTERED), 0);
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_REGISTERED), 0);
+
+    CU_OK(cuCtxCreate(&b, NULL, 0, 0));
+    cr_assert_eq(cuMemHostUnregister(buf), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CU_OK(cuMemHostRegister(buf, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CU_OK(cuMemHostUnregister(buf));
+    CU_OK(cuCtxDestroy(b));
+    free(buf);
+}
+
+Test(registration, undone_by_ctx_destroy, .timeout = 10)
+{
+    check_registration_undone(BY_CTX_DESTROY);
+}
+
+Test(registration, undone_by_last_primary_release, .timeout = 10)
+{
+    check_registration_undone(BY_LAST_RELEASE);
+}
+
+Test(registration, undone_by_primary_reset, .timeout = 10)
+{
+    check_registration_undone(BY_RESET);
+}
+
+/* ------------------------------------------------------------------ */
+/* 13. Answers for freed memory (measured: facts freed)                 */
+
+Test(freed, device_memory, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuMemFreeAsync(d, s));
+    CU_OK(cuStreamSynchronize(s));
+    cr_assert_eq(cuMemFreeAsync(d, s), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuStreamSynchronize(s));
+    cr_assert_eq(cuMemFree(d), CUDA_ERROR_INVALID_VALUE);
+
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuMemFree(d));
+    CUcontext owner = NULL;
+    cr_assert_eq(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d),
+                 CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    cr_assert_eq(cuMemGetAddressRange(&base, &size, d + 16), CUDA_ERROR_NOT_FOUND);
+    CUpointer_attribute attrs[] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE };
+    unsigned memtype = 77;
+    CUcontext c2 = (CUcontext)1;
+    size_t rsize = 77;
+    void *vals[] = { &memtype, &c2, &rsize };
+    CU_OK(cuPointerGetAttributes(3, attrs, vals, d));
+    cr_assert_eq(memtype, 0);
+    cr_assert_null(c2);
+    cr_assert_eq(rsize, 77, "RANGE_SIZE is left unwritten");
+}
+
+Test(freed, live_memory_through_get_attributes, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CUpointer_attribute attrs[] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_HOST_POINTER };
+    unsigned memtype = 0;
+    CUcontext c2 = NULL;
+    size_t rsize = 0;
+    void *host = (void *)1;
+    void *vals[] = { &memtype, &c2, &rsize, &host };
+    uint64_t n = testdrv_calls("cuPointerGetAttributes");
+    CU_OK(cuPointerGetAttributes(4, attrs, vals, d + 16));
+    cr_assert_eq(testdrv_calls("cuPointerGetAttributes"), n + 1);
+    cr_assert_eq(memtype, CU_MEMORYTYPE_DEVICE);
+    cr_assert_eq(c2, ctx);
+    cr_assert_eq(rsize, MIB);
+    cr_assert_null(host, "no host pointer for device memory");
+    cr_assert_eq(cuPointerGetAttributes(0, attrs, vals, d), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(freed, pinned_host_memory, .timeout = 10)
+{
+    ctx_setup();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, MIB));
+    CU_OK(cuMemFreeHost(h));
+    unsigned flags = 0, memtype = 77;
+    CUdeviceptr dp = 0;
+    cr_assert_eq(cuMemHostGetFlags(&flags, h), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemHostGetDevicePointer(&dp, h, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuPointerGetAttribute(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       (CUdeviceptr)(uintptr_t)h),
+                 CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ------------------------------------------------------------------ */
+/* 14. Writing kernels really write host memory                         */
+
+/* The stamp words of page i of buf. */
+static uint32_t word_at(const void *buf, size_t page, size_t word)
+{
+    return ((const volatile uint32_t *)((const char *)buf + page * 4096))[word];
+}
+
+/* A 20 ms writing kernel over [p + off, p + off + bytes), waited for. */
+static void write_kernel(CUstream s, void *p, size_t off, size_t bytes)
+{
+    CU_OK(testdrv_launch(s, 20000, (CUdeviceptr)(uintptr_t)p + off, bytes, TESTDRV_WRITE));
+    CU_OK(cuStreamSynchronize(s));
+}
+
+Test(stamp, writing_kernels_stamp_every_page, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    const size_t pages = 8;
+    void *pinned, *reg = aligned_alloc(4096, pages * 4096);
+    CUdeviceptr managed;
+    CU_OK(cuMemAllocHost(&pinned, pages * 4096));
+    CU_OK(cuMemAllocManaged(&managed, pages * 4096, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemHostRegister(reg, pages * 4096, 0));
+    void *bufs[] = { pinned, (void *)(uintptr_t)managed, reg };
+    for (size_t b = 0; b < 3; b++) {
+        memset(bufs[b], 0, pages * 4096);
+        CU_OK(testdrv_launch(s, 20000, (CUdeviceptr)(uintptr_t)bufs[b], pages * 4096, TESTDRV_READ));
+        CU_OK(cuStreamSynchronize(s));
+        cr_assert_eq(word_at(bufs[b], 0, 0), 0, "a reading kernel writes nothing");
+        write_kernel(s, bufs[b], 0, pages * 4096);
+        for (size_t i = 0; i < pages; i++) {
+            cr_assert_eq(word_at(bufs[b], i, 0), TESTDRV_STAMP, "buffer %zu page %zu", b, i);
+            cr_assert_eq(word_at(bufs[b], i, 1), 0, "one word per page");
+        }
+    }
+    /* A range that starts inside a page: its first aligned word there. */
+    memset(reg, 0, pages * 4096);
+    write_kernel(s, reg, 4096 + 6, 4096);
+    cr_assert_eq(word_at(reg, 1, 0), 0);
+    cr_assert_eq(word_at(reg, 1, 2), TESTDRV_STAMP);
+    cr_assert_eq(word_at(reg, 2, 0), TESTDRV_STAMP);
+    cr_assert_eq(word_at(reg, 3, 0), 0);
+    CU_OK(cuMemHostUnregister(reg));
+    free(reg);
+    cr_assert_eq(testdrv_faults(), 0);
+}
+
+/* The pages of a live registration that the program unmapped: the
+ * writes are lost, the process lives on (the real GPU writes pages it
+ * pinned). */
+Test(stamp, unmapped_registered_pages_do_not_crash, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    const size_t bytes = 16 * 4096;
+    void *reg = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(reg, MAP_FAILED);
+    CU_OK(cuMemHostRegister(reg, bytes, 0));
+    CU_OK(testdrv_launch(s, 100000, (CUdeviceptr)(uintptr_t)reg, bytes, TESTDRV_WRITE));
+    sleep_ms(20);
+    munmap((char *)reg + 4096, 4096);
+    CU_OK(cuStreamSynchronize(s));
+    cr_assert_eq(word_at(reg, 2, 0), TESTDRV_STAMP, "the pages after the hole are written");
+    cr_assert_eq(testdrv_faults(), 0);
+    CU_OK(cuMemHostUnregister(reg));
+}
+
+/* ------------------------------------------------------------------ */
+/* 15. What allocations cost in host time                               */
+
+struct allocator {
+    CUcontext ctx;
+    uint64_t wall_ns;
+    CUresult rc;
+    pthread_t thread;
+};
+
+static void *allocator_main(void *arg)
+{
+    struct allocator *a = arg;
+    CUdeviceptr d;
+    cuCtxSetCurrent(a->ctx);
+    uint64_t t0 = now_ns();
+    a->rc = cuMemAlloc(&d, MIB);
+    a->wall_ns = now_ns() - t0;
+    return NULL;
+}
+
+Test(alloc_cost, allocations_take_the_set_time_without_waiting, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUdeviceptr d;
+    void *h, *reg = aligned_alloc(4096, 4096);
+    testdrv_set_alloc_cost(TESTDRV_DEVICE, 100000);
+    testdrv_set_alloc_cost(TESTDRV_REGISTERED, 100000);
+    uint64_t b0 = testdrv_thread_blocked_ns(), w0 = testdrv_thread_wait_calls(), t0 = now_ns();
+    CU_OK(cuMemAlloc(&d, MIB));
+    cr_assert_geq(now_ns() - t0, 90 * MS);
+    t0 = now_ns();
+    CU_OK(cuMemHostRegister(reg, 4096, 0));
+    cr_assert_geq(now_ns() - t0, 90 * MS);
+    cr_assert_eq(testdrv_thread_blocked_ns(), b0, "not a wait for the GPU");
+    cr_assert_eq(testdrv_thread_wait_calls(), w0);
+    t0 = now_ns();
+    CU_OK(cuMemAllocHost(&h, MIB));
+    cr_assert_eq(cuMemAlloc(&d, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_lt(now_ns() - t0, 50 * MS, "other kinds and failures cost nothing");
+
+    /* The cost is paid outside the driver's lock: two threads overlap. */
+    testdrv_set_alloc_cost(TESTDRV_DEVICE, 300000);
+    struct allocator a[2] = { { .ctx = ctx }, { .ctx = ctx } };
+    t0 = now_ns();
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&a[i].thread, NULL, allocator_main, &a[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(a[i].thread, NULL);
+    cr_assert_lt(now_ns() - t0, 550 * MS, "the two allocations overlapped");
+    for (int i = 0; i < 2; i++) {
+        CU_OK(a[i].rc);
+        cr_assert_geq(a[i].wall_ns, 280 * MS);
+    }
+    testdrv_set_alloc_cost(TESTDRV_DEVICE, 0);
+    t0 = now_ns();
+    CU_OK(cuMemAlloc(&d, MIB));
+    cr_assert_lt(now_ns() - t0, 50 * MS);
+    CU_OK(cuMemHostUnregister(reg));
+    free(reg);
 }

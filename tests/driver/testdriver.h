@@ -60,6 +60,50 @@
  *  - Device memory has no contents and a PROT_NONE address; managed and
  *    pinned host memory is real memory that becomes PROT_NONE once freed.
  *    Registered memory counts against the host capacity.
+ *  - A simulated kernel that writes (TESTDRV_WRITE) over pinned, managed
+ *    or registered memory really writes it, as the GPU does: at every
+ *    touch it stores TESTDRV_STAMP in the first 4-byte aligned word of
+ *    the range in each 4 KiB page the range covers, so a program that
+ *    reuses pages the GPU may still write sees it (on an H200 the GPU
+ *    overwrote registered pages reused after cuMemHostUnregister had
+ *    returned). A page the program has unmapped is skipped, never a
+ *    crash. Reads write nothing.
+ *  - Memory that was freed is unknown to every call (measured on an H200,
+ *    driver 580.159.04, 2026-12-01, tests/gpu/facts.c freed): cuMemFree
+ *    and cuMemFreeAsync of it, cuPointerGetAttribute, cuMemHostGetFlags
+ *    and cuMemHostGetDevicePointer -> CUDA_ERROR_INVALID_VALUE;
+ *    cuMemGetAddressRange -> CUDA_ERROR_NOT_FOUND; cuPointerGetAttributes
+ *    -> CUDA_SUCCESS with MEMORY_TYPE 0 and CONTEXT NULL, RANGE_SIZE left
+ *    unwritten.
+ *  - A context's destruction undoes the registrations made in it:
+ *    cuMemHostUnregister of them then answers
+ *    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (and counts a dead-context
+ *    call) and the range can be registered again (measured: facts
+ *    register).
+ *  - cuDevicePrimaryCtxGetState is exact: active from a retain (or a
+ *    green context's creation) until the last release with no green
+ *    context left, or a reset.
+ *  - Green contexts (from version 12040; measured: facts green and
+ *    green-dead): cuCtxFromGreenCtx gives a CUcontext of its own (not the
+ *    primary's, the same on every call) whose streams
+ *    (cuGreenCtxStreamCreate, or cuStreamCreate while it is current) are
+ *    its own: cuStreamGetCtx answers it. Memory, events, modules and
+ *    arrays made while it is current belong to the primary context and
+ *    outlive it. A green context holds a reference on the primary context
+ *    (the last one to go tears the primary down). cuCtxRecordEvent,
+ *    cuCtxSynchronize and cuCtxWaitEvent on the primary cover its green
+ *    contexts' streams; on a green context (or cuGreenCtxRecordEvent)
+ *    only its own. Waiting releases wait for the green streams too, and
+ *    stall launches on them. cuGreenCtxDestroy does not wait; its
+ *    streams' queued work runs on, and later calls on those streams get
+ *    CUDA_ERROR_CONTEXT_IS_DESTROYED. Naming a destroyed green context
+ *    counts a dead-context call: cuCtxRecordEvent ->
+ *    CUDA_ERROR_CONTEXT_IS_DESTROYED, cuCtxGetApiVersion ->
+ *    CUDA_ERROR_INVALID_CONTEXT, cuCtxPushCurrent -> CUDA_SUCCESS (then
+ *    calls with it current fail with CUDA_ERROR_CONTEXT_IS_DESTROYED).
+ *    A device has 132 SMs; partitions take at least 8, in multiples of 8.
+ *  - Allocations take no host time unless testdrv_set_alloc_cost gives a
+ *    kind a cost; that time is not a wait (not in testdrv_thread_*).
  *  - A destroyed context that is still current makes calls fail with
  *    CUDA_ERROR_CONTEXT_IS_DESTROYED (as cuda.h documents); naming a dead
  *    context or a stream/event/module/array of one gives
@@ -85,6 +129,10 @@
 extern "C" {
 #endif
 
+/* The word a writing simulated kernel stores in host memory (see the
+ * behaviour list above). */
+#define TESTDRV_STAMP 0x5A17C0DEu
+
 /* How a simulated kernel uses its memory range. */
 enum testdrv_access {
     TESTDRV_NONE = 0,
@@ -104,7 +152,7 @@ enum testdrv_kind {
     TESTDRV_VMM,        /* cuMemCreate handles */
     TESTDRV_STREAM,     /* streams created by the program (not the built-in ones) */
     TESTDRV_EVENT,
-    TESTDRV_CONTEXT,    /* live contexts, primary ones included while active */
+    TESTDRV_CONTEXT,    /* live contexts: primary ones while active, green ones */
     TESTDRV_KIND_COUNT
 };
 
@@ -164,6 +212,18 @@ void testdrv_set_host_capacity(size_t bytes);
 
 /* Number of stream captures invalidated so far. */
 uint64_t testdrv_invalidated_captures(void);
+
+/* From now on every successful allocation of kind (TESTDRV_DEVICE:
+ * cuMemAlloc*, cuMemAllocPitch*, stream-ordered and pool allocations;
+ * TESTDRV_HOST: cuMemAllocHost*, cuMemHostAlloc, host pools;
+ * TESTDRV_MANAGED: cuMemAllocManaged, managed pools; TESTDRV_REGISTERED:
+ * cuMemHostRegister*) takes usec microseconds more on the calling thread,
+ * slept after the driver's lock is dropped, so other threads carry on.
+ * It is host work, not a wait for the GPU: testdrv_thread_wait_calls and
+ * testdrv_thread_blocked_ns do not count it. Failed allocations cost
+ * nothing. Default 0; other kinds are ignored. For tests of a reuse
+ * policy that weighs waiting against allocating. Works before cuInit. */
+void testdrv_set_alloc_cost(enum testdrv_kind kind, unsigned usec);
 
 #ifdef __cplusplus
 }
