@@ -60,12 +60,15 @@ static void queue_one_of_each(unsigned usec)
     check(cuLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0), "cuLibraryLoadData");
     check(cuLibraryGetKernel(&k, lib, "k"), "cuLibraryGetKernel");
     check(cuKernelGetFunction(&f, k), "cuKernelGetFunction");
+    /* The registration first: its release waits for the work submitted
+     * before it (the pages are the program's when it returns), and the
+     * driver's own unregister is what stays deferred. */
+    check(cuMemHostUnregister(r), "cuMemHostUnregister");
     check(testdrv_launch(s, usec, d, BYTES, TESTDRV_WRITE), "testdrv_launch");
     check(cuMemFree(d), "cuMemFree (device)");
     check(cuMemFree(m), "cuMemFree (managed)");
     check(cuMemFreeHost(h), "cuMemFreeHost");
     check(cuMemFreeHost(ha), "cuMemFreeHost (cuMemHostAlloc)");
-    check(cuMemHostUnregister(r), "cuMemHostUnregister");
     check(cuArrayDestroy(a), "cuArrayDestroy");
     check(cuModuleUnload(mod), "cuModuleUnload");
     check(cuLibraryUnload(lib), "cuLibraryUnload");

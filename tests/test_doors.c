@@ -12,7 +12,7 @@
 #include <string.h>
 
 #ifndef WRAPPED_NAMES
-#error "WRAPPED_NAMES must name tests/wrapped_names.txt"
+#error "WRAPPED_NAMES must name shim/doors/wrapped.h, the list of wrapped names"
 #endif
 
 typedef CUresult (*any_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
@@ -22,12 +22,16 @@ typedef CUresult (*any_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t
 static char names[MAX_NAMES][64];
 static int nnames;
 
+/* The names of the list's CD_WRAP(name) lines. */
 static void load_names(void)
 {
     FILE *f = fopen(WRAPPED_NAMES, "r");
     cr_assert_not_null(f, "cannot open %s", WRAPPED_NAMES);
-    while (nnames < MAX_NAMES && fscanf(f, "%63s", names[nnames]) == 1)
-        nnames++;
+    char line[256];
+    nnames = 0;
+    while (nnames < MAX_NAMES && fgets(line, sizeof line, f))
+        if (sscanf(line, "CD_WRAP(%63[A-Za-z0-9_])", names[nnames]) == 1)
+            nnames++;
     fclose(f);
     cr_assert_gt(nnames, 50, "too few wrapped names listed");
 }
@@ -96,7 +100,7 @@ Test(doors, unwrapped_names_cost_nothing)
     cr_assert_eq(cuInit(0), CUDA_SUCCESS);
     void *drv = driver_handle();
     /* Names the shim does not wrap: the driver's own functions. */
-    const char *plain[] = {"cuMemcpyHtoD_v2", "cuEventRecord", "cuLaunchKernel", "cuInit"};
+    const char *plain[] = {"cuMemcpyHtoD_v2", "cuEventRecord", "cuStreamQuery", "cuInit"};
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
         void *fn = dlsym(drv, plain[i]);
         cr_assert_not_null(fn, "%s missing", plain[i]);

@@ -183,7 +183,23 @@ STALL_TESTS(device, DEVICE, true)
 STALL_TESTS(managed, MANAGED, true)
 STALL_TESTS(host, HOST, true)
 STALL_TESTS(host_alloc, HOST_ALLOC, true)
-STALL_TESTS(registered, REGISTERED, true)
+/* The pages are the program's when cuMemHostUnregister returns: it waits
+ * for the work submitted before it (the 1 s kernel), and only for that;
+ * another thread's launch does not wait. */
+Test(stall, registered, .timeout = 20)
+{
+    struct stall s = stall_of(REGISTERED);
+    cr_assert_eq(s.rc, CUDA_SUCCESS);
+    cr_expect_gt(s.blocked_ns, 500 * MS, "the unregister did not wait for the work before it");
+    cr_expect_lt(s.other_ns, 5 * MS, "another thread's launch was blocked %llu ns",
+                 (unsigned long long)s.other_ns);
+}
+Test(stall, registered_deferred_with_defer, .timeout = 20)
+{
+    setenv("CUDEFER_REGISTERED", "defer", 1);
+    expect_free_of_waits(REGISTERED);
+}
+Test(stall, registered_off_blocks, .timeout = 20) { expect_blocking_when_off(REGISTERED, true); }
 STALL_TESTS(array, ARRAY, true)
 STALL_TESTS(module, MODULE, false)
 STALL_TESTS(library, LIBRARY, false)
@@ -382,21 +398,30 @@ Test(flush, device_memory_comes_back_without_a_sync, .timeout = 10)
     cr_expect_eq(testdrv_pending_free_bytes(), 0);
 }
 
-Test(flush, limit_releases_at_next_allocation, .timeout = 10)
+/* Beyond CUDEFER_MAX_DEFERRED_ENTRIES a release is the driver's own call
+ * (it waits, as it always did); an allocation never releases the queue, so
+ * it never waits for the GPU. */
+Test(flush, over_the_limit_a_release_is_the_drivers_own, .timeout = 10)
 {
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "4", 1);
     test_context();
     void *h[6];
     for (int i = 0; i < 6; i++)
         CU_OK(cuMemAllocHost(&h[i], 4096));
-    for (int i = 0; i < 6; i++)
+    uint64_t calls = testdrv_thread_wait_calls();
+    for (int i = 0; i < 4; i++)
         CU_OK(cuMemFreeHost(h[i]));
+    cr_expect_eq(testdrv_thread_wait_calls(), calls, "a release within the limit waited");
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 6);
+    CU_OK(cuMemFreeHost(h[4]));
+    CU_OK(cuMemFreeHost(h[5]));
+    cr_expect_eq(testdrv_thread_wait_calls(), calls + 2, "beyond the limit: the driver's call");
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 4, "the queue holds the limit");
     void *more;
-    /* Another size: a queued block whose fence has passed would serve the
-     * same size without the queue being released. */
+    calls = testdrv_thread_wait_calls();
     CU_OK(cuMemAllocHost(&more, 8192));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the over-limit queue was not released");
+    cr_expect_eq(testdrv_thread_wait_calls(), calls, "the allocation waited");
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 5, "the allocation released the queue");
 }
 
 /* ---- out of memory: flush, then retry once ------------------------------- */
@@ -850,7 +875,8 @@ static void reuse_after_fence(enum what what)
     CU_OK(testdrv_launch(s, 100000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE));
     CU_OK(release(&first));
 
-    /* The kernel still runs: the block is not handed out. */
+    /* The kernel still runs: the block is not handed out (the bin holds
+     * fewer blocks than a reuse waits for). */
     uint64_t calls = testdrv_calls(call);
     struct object second = make(what);
     uintptr_t addr2 = dev ? (uintptr_t)second.dptr : (uintptr_t)second.host;
@@ -871,6 +897,10 @@ static void reuse_after_fence(enum what what)
     CU_OK(cuCtxSynchronize());
     enum testdrv_kind kind = what == MANAGED ? TESTDRV_MANAGED
                              : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
+    /* Device blocks go back through stream-ordered frees, which the waiter
+     * settles. */
+    for (int i = 0; i < 500 && testdrv_live(kind); i++)
+        usleep(1000);
     cr_expect_eq(testdrv_live(kind), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
@@ -938,19 +968,22 @@ static void report_of(void (*scenario)(void), char *text, size_t cap)
     cr_assert_gt(n, 0, "no report written");
 }
 
-/* A pinned block queued, then a fault (the program's own unfenced
- * cuMemFreeAsync under a writer): the program gets the driver's error, one
- * more release gets it too, and nothing crashes or hangs. */
-static void fault_with_a_release_queued(void)
+/* A pinned block and a registration queued, then a fault (the program's
+ * own unfenced cuMemFreeAsync under a writer): the program gets the
+ * driver's error, one more release gets it too, nothing crashes or hangs,
+ * and what was queued is kept for the context's destruction, which frees
+ * it all: the registered range can be registered again afterwards. */
+static void fault_with_releases_queued(void)
 {
     CUdevice dev;
     CUcontext ctx;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate(&ctx, NULL, 0, dev))
         exit(1);
-    void *h;
+    void *h, *pages = aligned_alloc(4096, 1 << 16);
     CUdeviceptr buf, other;
     if (cuMemAllocHost(&h, 4096) || cuMemFreeHost(h) || cuMemAlloc(&buf, 1 << 20) ||
-        cuMemAlloc(&other, 4096))
+        cuMemAlloc(&other, 4096) || cuMemHostRegister(pages, 1 << 16, 0) ||
+        cuMemHostUnregister(pages))
         exit(1);
     CUstream a, b;
     if (cuStreamCreate(&a, CU_STREAM_NON_BLOCKING) || cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) ||
@@ -965,15 +998,21 @@ static void fault_with_a_release_queued(void)
     for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
         if (testdrv_live(k))
             exit(1);
+    CUcontext again;
+    if (cuCtxCreate(&again, NULL, 0, dev) || cuMemHostRegister(pages, 1 << 16, 0) ||
+        cuMemHostUnregister(pages) || cuCtxDestroy(again))
+        exit(1);
 }
 
-Test(faults, sticky_error_drops_the_queue, .timeout = 10)
+Test(faults, sticky_error_keeps_the_queue_for_teardown, .timeout = 10)
 {
-    char text[4096];
-    report_of(fault_with_a_release_queued, text, sizeof text);
-    /* What the shim dropped is reported: the queued pinned block (and the
-     * release made after the fault is not queued). */
-    const char *want = "\"dropped\": {\"device\": 0, \"managed\": 0, \"host\": 1,";
+    char text[16384];
+    report_of(fault_with_releases_queued, text, sizeof text);
+    /* What the context's destruction freed is counted as dropped: the
+     * queued pinned block, the registration, and the block released after
+     * the fault. */
+    const char *want = "\"dropped\": {\"device\": 1, \"managed\": 0, \"host\": 1, "
+                       "\"registered\": 2,";
     cr_expect_not_null(strstr(text, want), "%s", text);
 }
 
@@ -993,7 +1032,7 @@ static void a_release_of_each_memory_kind(void)
 
 Test(stats, json_report_at_exit, .timeout = 10)
 {
-    char text[4096];
+    char text[16384];
     report_of(a_release_of_each_memory_kind, text, sizeof text);
     const char *want = "\"deferred\": {\"device\": 1, \"managed\": 0, \"host\": 1";
     cr_expect_not_null(strstr(text, want), "%s", text);

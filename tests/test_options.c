@@ -45,6 +45,37 @@ Test(options, levels)
     cr_expect_not(cd_option_parse(CD_TYPE_LEVEL, "loud", &v));
 }
 
+Test(options, choices)
+{
+    const struct cd_option_desc *d = cd_option_desc(CD_OPT_REGISTERED);
+    long long v = -1;
+    cr_expect(cd_option_parse_row(d, "defer", &v) && v == CD_REGISTERED_DEFER);
+    cr_expect(cd_option_parse_row(d, "WAIT", &v) && v == CD_REGISTERED_WAIT);
+    cr_expect(cd_option_parse_row(d, "off", &v) && v == CD_REGISTERED_OFF);
+    cr_expect(cd_option_parse_row(d, "0", &v) && v == CD_REGISTERED_OFF, "0 is off");
+    cr_expect(cd_option_parse_row(d, "on", &v) && v == CD_REGISTERED_WAIT, "on is the first mode");
+    v = 7;
+    cr_expect_not(cd_option_parse_row(d, "later", &v));
+    cr_expect_eq(v, 7, "a rejected value must leave the output alone");
+    cr_expect_not(cd_option_parse(CD_TYPE_CHOICE, "wait", &v), "a choice needs its row");
+}
+
+Test(options, strings_are_copied)
+{
+    setenv("CUDEFER_REPORT", "/tmp/first-%p.json", 1);
+    cd_options_reload();
+    const char *before = cd_option_str(CD_OPT_REPORT);
+    /* A program that rewrites its environment (setproctitle) changes
+     * nothing cudefer read. */
+    setenv("CUDEFER_REPORT", "/tmp/other.json", 1);
+    cr_expect_str_eq(cd_option_str(CD_OPT_REPORT), "/tmp/first-%p.json");
+    cr_expect_str_eq(before, "/tmp/first-%p.json");
+    char text[64];
+    cd_option_text(CD_OPT_REGISTERED, text, sizeof text);
+    cr_expect_str_eq(text, "wait");
+    unsetenv("CUDEFER_REPORT");
+}
+
 Test(options, environment_and_defaults)
 {
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "64M", 1);
@@ -64,7 +95,7 @@ Test(options, every_default_parses)
         const struct cd_option_desc *d = cd_option_desc((enum cd_option)i);
         long long v;
         cr_assert_not_null(d);
-        cr_expect(d->type == CD_TYPE_STRING || cd_option_parse(d->type, d->default_text, &v),
+        cr_expect(d->type == CD_TYPE_STRING || cd_option_parse_row(d, d->default_text, &v),
                   "CUDEFER_%s: default '%s' does not parse", d->name, d->default_text);
         cr_expect_gt(strlen(d->help), 10, "CUDEFER_%s has no help", d->name);
     }

@@ -1,9 +1,10 @@
-/* driver.h - the real CUDA driver, as the shim reaches it.
+/* driver.h - the real CUDA driver, as cudefer reaches it.
  *
  * The real driver is dlopen("libcuda.so.1") (or $CUDEFER_DRIVER), and every
- * driver function the shim calls itself is looked up here, never through the
- * shim's own exported names, so nothing the shim does on its own behalf
- * re-enters a wrapper.
+ * driver function cudefer calls itself is looked up here, never through
+ * cudefer's own exported names, so nothing cudefer does on its own behalf
+ * enters a wrapper. Both upper layers use this file: the doors for the
+ * driver function behind each wrapper, the engine for the calls it makes.
  */
 #ifndef CUDEFER_DRIVER_H
 #define CUDEFER_DRIVER_H
@@ -11,23 +12,33 @@
 #include <cuda.h>
 #include <stdbool.h>
 
-/* dlsym as glibc provides it (found with dlvsym, so the shim's own dlsym
- * override is never called by the shim), and a call of it. */
+/* glibc's dlsym, found without calling dlsym (so that cudefer's own dlsym
+ * override is never entered by cudefer): by dlvsym under every symbol
+ * version glibc has given dlsym on any architecture, and failing that from
+ * the dynamic symbol table of the library that defines dlvsym. NULL when
+ * neither works; cudefer then disables itself with one message. */
 typedef void *(*cd_dlsym_fn)(void *, const char *);
 cd_dlsym_fn cd_real_dlsym_fn(void);
 void *cd_real_dlsym(void *handle, const char *name);
 
-/* The real driver's handle, or NULL when it cannot be opened. Opens it on
- * first use; a failed open is retried on a later call. Thread-safe; holds no
- * lock across dlopen. */
+/* The real driver's handle, or NULL when it cannot be opened or when the
+ * process holds two different drivers (CUDEFER_DRIVER naming another file
+ * than the libcuda.so.1 the program loaded): cudefer then steps aside and
+ * says so once. A failed open is retried on a later call. Thread-safe; no
+ * lock is held across dlopen. */
 void *cd_driver_handle(void);
+
+/* Whether handle is a libcuda.so.1 other than the driver cudefer calls;
+ * logs the two-driver case once. */
+bool cd_driver_is_foreign(void *handle);
 
 /* The real driver's entry point of exactly this ELF name, or NULL. */
 void *cd_driver_sym(const char *name);
 
-/* Driver entry points the release engine calls. Names are the ELF names the
- * plain cuda.h maps to. Resolved once by cd_driver_ops(); a missing one is
- * NULL (cuCtxRecordEvent before driver 12.5). */
+/* Driver entry points the engine calls. Names are the ELF names the plain
+ * cuda.h maps to. Resolved once by cd_driver_ops(); an optional one is NULL
+ * when the driver lacks it (cuCtxRecordEvent before 12.5, green contexts
+ * before 12.4). */
 struct cd_driver_ops {
     __typeof__(cuDriverGetVersion) *driver_get_version;
     __typeof__(cuCtxGetCurrent) *ctx_get_current;
@@ -36,11 +47,16 @@ struct cd_driver_ops {
     __typeof__(cuCtxPushCurrent_v2) *ctx_push;
     __typeof__(cuCtxPopCurrent_v2) *ctx_pop;
     __typeof__(cuCtxRecordEvent) *ctx_record_event;
+    __typeof__(cuCtxFromGreenCtx) *ctx_from_green;
+    __typeof__(cuDevicePrimaryCtxGetState) *primary_get_state;
+    __typeof__(cuDevicePrimaryCtxRetain) *primary_retain;
+    __typeof__(cuDevicePrimaryCtxRelease_v2) *primary_release;
     __typeof__(cuStreamCreate) *stream_create;
     __typeof__(cuStreamDestroy_v2) *stream_destroy;
     __typeof__(cuStreamGetCtx) *stream_get_ctx;
     __typeof__(cuStreamWaitEvent) *stream_wait_event;
     __typeof__(cuStreamSynchronize) *stream_synchronize;
+    __typeof__(cuStreamIsCapturing) *stream_is_capturing;
     __typeof__(cuEventCreate) *event_create;
     __typeof__(cuEventDestroy_v2) *event_destroy;
     __typeof__(cuEventRecord) *event_record;
@@ -50,7 +66,7 @@ struct cd_driver_ops {
     __typeof__(cuMemFreeAsync) *mem_free_async;
     __typeof__(cuThreadExchangeStreamCaptureMode) *exchange_capture_mode;
     __typeof__(cuPointerGetAttribute) *pointer_get_attribute;
-    /* The releases that may wait for the GPU: called only at flush points. */
+    /* The releases that may wait for the GPU: called at flush points only. */
     __typeof__(cuMemFree_v2) *mem_free;
     __typeof__(cuMemFreeHost) *mem_free_host;
     __typeof__(cuMemHostUnregister) *mem_host_unregister;
@@ -63,5 +79,8 @@ struct cd_driver_ops {
 /* The engine's driver entry points, or NULL when the driver cannot be
  * opened or lacks one the engine cannot do without. */
 const struct cd_driver_ops *cd_driver_ops(void);
+
+/* The driver's version (cuDriverGetVersion), or 0 when unknown. */
+int cd_driver_version(void);
 
 #endif

@@ -6,45 +6,55 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+static const char *const registered_modes[] = {"off", "wait", "defer", NULL};
+
 static const struct cd_option_desc table[CD_OPT_COUNT] = {
     [CD_OPT_ENABLE] = {"ENABLE", CD_TYPE_BOOL, "1",
-        "Master switch; 0 makes every wrapped call go straight to the driver."},
+        "Master switch; 0 makes every wrapped call go straight to the driver.", NULL},
     [CD_OPT_DEVICE] = {"DEVICE", CD_TYPE_BOOL, "1",
-        "Defer cuMemFree of device memory (fenced cuMemFreeAsync); 0 restores the blocking cudaFree."},
+        "Defer cuMemFree of device memory (fenced; kept for reuse or freed with cuMemFreeAsync); 0 restores the blocking cudaFree.", NULL},
     [CD_OPT_MANAGED] = {"MANAGED", CD_TYPE_BOOL, "1",
-        "Defer cuMemFree of managed (cuMemAllocManaged) memory."},
+        "Defer cuMemFree of managed (cuMemAllocManaged) memory.", NULL},
     [CD_OPT_HOST] = {"HOST", CD_TYPE_BOOL, "1",
-        "Defer cuMemFreeHost of pinned host memory."},
-    [CD_OPT_REGISTERED] = {"REGISTERED", CD_TYPE_BOOL, "1",
-        "Defer cuMemHostUnregister."},
+        "Defer cuMemFreeHost of pinned host memory.", NULL},
+    [CD_OPT_REGISTERED] = {"REGISTERED", CD_TYPE_CHOICE, "wait",
+        "cuMemHostUnregister: wait (returns once the work submitted before it has finished; the driver's own unregister follows later), defer (returns at once: only for programs that do not reuse, free or unmap the pages before they synchronise the context), off (the driver's own call).",
+        registered_modes},
     [CD_OPT_ARRAY] = {"ARRAY", CD_TYPE_BOOL, "1",
-        "Defer cuArrayDestroy and cuMipmappedArrayDestroy."},
+        "Defer cuArrayDestroy and cuMipmappedArrayDestroy.", NULL},
     [CD_OPT_MODULE] = {"MODULE", CD_TYPE_BOOL, "1",
-        "Defer cuModuleUnload."},
+        "Defer cuModuleUnload.", NULL},
     [CD_OPT_LIBRARY] = {"LIBRARY", CD_TYPE_BOOL, "1",
-        "Defer cuLibraryUnload."},
+        "Defer cuLibraryUnload.", NULL},
     [CD_OPT_MAX_DEFERRED_BYTES] = {"MAX_DEFERRED_BYTES", CD_TYPE_SIZE, "256M",
-        "Deferred bytes of a context (pinned, registered, managed, arrays) above which its next allocating call releases the queue."},
+        "Bytes of pinned, managed and registered memory and arrays that a context holds for the program (queued or kept for reuse); beyond it a release of those kinds is the driver's own call, which waits as it always did.", NULL},
     [CD_OPT_MAX_DEFERRED_ENTRIES] = {"MAX_DEFERRED_ENTRIES", CD_TYPE_COUNT, "4096",
-        "Deferred entries of a context above which its next allocating call releases the queue."},
+        "Entries (all kinds but device memory) that a context holds for the program; beyond it a release is the driver's own call.", NULL},
     [CD_OPT_DEVICE_CACHE] = {"DEVICE_CACHE", CD_TYPE_SIZE, "256M",
-        "Released device memory of a context kept to serve allocations of the same size once its fence has passed; beyond it the oldest goes to cuMemFreeAsync. 0 frees every block at once."},
+        "Released device memory that a context keeps to serve allocations of the same size; beyond it the oldest goes back through cuMemFreeAsync, without waiting. 0 sends every block back at once.", NULL},
+    [CD_OPT_REUSE_WAIT] = {"REUSE_WAIT", CD_TYPE_BOOL, "1",
+        "An allocation may wait for a released block of its size to finish its last use instead of allocating anew, for at most what an allocation of that kind and size was measured to take; 0 never waits.", NULL},
     [CD_OPT_LOG] = {"LOG", CD_TYPE_LEVEL, "error",
-        "Log level on stderr: off, error, info (flushes, teardown, options at start) or debug (every door and release)."},
+        "Log level on stderr: off, error, info (flushes, waits, teardown, options at start) or debug (every door and release).", NULL},
     [CD_OPT_STATS] = {"STATS", CD_TYPE_BOOL, "0",
-        "Print statistics on stderr at exit."},
+        "Print statistics on stderr at exit (processes that used the driver only).", NULL},
     [CD_OPT_REPORT] = {"REPORT", CD_TYPE_STRING, "",
-        "Path of a JSON statistics report written at exit (for CI runs)."},
+        "Path of a JSON report written at exit by each process that used the driver; %p is replaced by the pid, %h by the host name, %% by %.", NULL},
     [CD_OPT_DRIVER] = {"DRIVER", CD_TYPE_STRING, "",
-        "Path of the real driver library to load instead of libcuda.so.1."},
+        "Path of the driver library cudefer calls instead of libcuda.so.1; the program must load the same file (cudefer steps aside if it finds two drivers).", NULL},
 };
 
+/* Strings are copied when read: the environment area may be rewritten
+ * later (process-title libraries do), and the report's path is used at
+ * exit. */
+#define STRING_MAX 4096
 static long long values[CD_OPT_COUNT];
-static const char *strings[CD_OPT_COUNT];
+static char strings[CD_OPT_COUNT][STRING_MAX];
 enum { UNREAD, READING, READ };
 static _Atomic int state;
 
@@ -119,6 +129,18 @@ static bool parse_level(const char *t, long long *out)
     return false;
 }
 
+static bool parse_choice(const char *const *choices, const char *t, long long *out)
+{
+    for (long long i = 0; choices[i]; i++) {
+        if (strcasecmp(t, choices[i]) == 0) {
+            *out = i;
+            return true;
+        }
+    }
+    /* The boolean words name the first two choices (off, on). */
+    return parse_bool(t, out);
+}
+
 bool cd_option_parse(enum cd_option_type type, const char *text, long long *out)
 {
     if (!text || !out)
@@ -128,9 +150,19 @@ bool cd_option_parse(enum cd_option_type type, const char *text, long long *out)
     case CD_TYPE_SIZE: return parse_count(text, out, true);
     case CD_TYPE_COUNT: return parse_count(text, out, false);
     case CD_TYPE_LEVEL: return parse_level(text, out);
-    case CD_TYPE_STRING: return false;
+    case CD_TYPE_STRING:
+    case CD_TYPE_CHOICE: return false;
     }
     return false;
+}
+
+bool cd_option_parse_row(const struct cd_option_desc *d, const char *text, long long *out)
+{
+    if (!d || !text || !out)
+        return false;
+    if (d->type == CD_TYPE_CHOICE)
+        return d->choices && parse_choice(d->choices, text, out);
+    return cd_option_parse(d->type, text, out);
 }
 
 static void read_one(enum cd_option opt)
@@ -140,22 +172,27 @@ static void read_one(enum cd_option opt)
     strncat(var, d->name, sizeof var - strlen(var) - 1);
     const char *text = getenv(var);
     if (d->type == CD_TYPE_STRING) {
-        strings[opt] = text ? text : "";
+        snprintf(strings[opt], STRING_MAX, "%s", text ? text : "");
+        if (text && strlen(text) >= STRING_MAX)
+            cd_log_raw("cudefer: warning: %s is longer than %d characters; it is cut\n", var,
+                       STRING_MAX - 1);
         return;
     }
     long long def = 0;
-    cd_option_parse(d->type, d->default_text, &def);
+    cd_option_parse_row(d, d->default_text, &def);
     values[opt] = def;
     if (!text || !*text)
         return;
-    if (!cd_option_parse(d->type, text, &values[opt]))
-        cd_log_raw("cudefer: warning: invalid value '%s' for %s; using the default %s\n",
-                   text, var, d->default_text);
+    if (!cd_option_parse_row(d, text, &values[opt]))
+        cd_log_raw("cudefer: warning: invalid value '%s' for %s; using the default %s\n", text,
+                   var, d->default_text);
 }
 
 static void read_all(void)
 {
+    /* The level first, so that the warnings below know it. */
     read_one(CD_OPT_LOG);
+    cd_log_set_level((enum cd_log_level)values[CD_OPT_LOG]);
     for (int i = 0; i < CD_OPT_COUNT; i++)
         if (i != CD_OPT_LOG)
             read_one((enum cd_option)i);
@@ -196,19 +233,39 @@ bool cd_option_bool(enum cd_option opt)
 const char *cd_option_str(enum cd_option opt)
 {
     ensure_read();
-    return strings[opt] ? strings[opt] : "";
+    return strings[opt];
+}
+
+void cd_option_text(enum cd_option opt, char *buf, size_t size)
+{
+    ensure_read();
+    const struct cd_option_desc *d = &table[opt];
+    switch (d->type) {
+    case CD_TYPE_STRING:
+        snprintf(buf, size, "%s", strings[opt]);
+        return;
+    case CD_TYPE_CHOICE:
+        snprintf(buf, size, "%s", d->choices[values[opt]]);
+        return;
+    case CD_TYPE_LEVEL: {
+        static const char *const names[] = {"off", "error", "info", "debug"};
+        snprintf(buf, size, "%s", names[values[opt]]);
+        return;
+    }
+    default:
+        snprintf(buf, size, "%lld", values[opt]);
+        return;
+    }
 }
 
 void cd_options_print(void)
 {
     static atomic_flag printed = ATOMIC_FLAG_INIT;
-    ensure_read();
     if (atomic_flag_test_and_set(&printed))
         return;
     for (int i = 0; i < CD_OPT_COUNT; i++) {
-        if (table[i].type == CD_TYPE_STRING)
-            cd_log(CD_LOG_INFO, "option CUDEFER_%s=%s", table[i].name, strings[i]);
-        else
-            cd_log(CD_LOG_INFO, "option CUDEFER_%s=%lld", table[i].name, values[i]);
+        char text[256];
+        cd_option_text((enum cd_option)i, text, sizeof text);
+        cd_log(CD_LOG_INFO, "option CUDEFER_%s=%s", table[i].name, text);
     }
 }

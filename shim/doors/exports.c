@@ -1,308 +1,382 @@
 /* exports.c - one exported function per wrapped driver name.
  *
  * Each wrapper has the exact prototype of the driver function of the same
- * ELF name (cuda_all.h declares them all, so the compiler checks it), hands
- * the call to the release engine where the engine has something to do, and
- * otherwise calls the driver's function of that same name. This file maps
+ * ELF name (cuda_all.h declares them all, so the compiler checks it) and is
+ * one line: it calls the shared function of its group with the driver's
+ * function of its own name (REAL), so that versioned twins keep the
+ * driver's meaning. The shared functions hand the call to the engine where
+ * it has something to do, and otherwise call the driver. This file maps
  * names onto the engine; it holds no release policy.
  */
 #include "cuda_all.h"
 
+#include "doors.h"
 #include "engine.h"
-#include "interpose.h"
 
 #include <cudefer.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* The driver's function of this wrapper's own name, typed. */
-#define REAL(name) ((__typeof__(&name))cd_real_fn(&real_##name))
+/* ---- releases ---------------------------------------------------------------- */
 
-#define DECLARE_REAL(name) static struct cd_real real_##name = {#name, NULL, 0, false}
+typedef CUresult (*free_device_fn)(CUdeviceptr);
+typedef CUresult (*release_ptr_fn)(void *);
 
-/* Start of every wrapper: notes the first call, finds the driver function. */
-#define ENTER(name)                                                         \
-    __typeof__(&name) real = REAL(name);                                    \
-    cd_note_call(&real_##name);                                             \
-    if (!real)                                                              \
-        return (CUresult)cd_missing(#name)
+static CUresult free_device(CUdeviceptr dptr, free_device_fn real, enum cd_wrapped w)
+{
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    if (cd_release_device(dptr, &rc))
+        return rc;
+    return real(dptr);
+}
 
-/* An allocating call: a queue over its limits is released first; on
- * out-of-memory the queue is released and the call retried once. */
-#define ALLOC_CALL(rc, ...)                                                 \
-    do {                                                                    \
-        cd_alloc_begin();                                                   \
-        rc = real(__VA_ARGS__);                                             \
-        if (cd_alloc_failed(rc, __func__))                                  \
-            rc = real(__VA_ARGS__);                                         \
-    } while (0)
+/* cuMemFree takes a 32-bit pointer. */
+static CUresult free_v1(CUdeviceptr dptr)
+{
+    return REAL(cuMemFree)((CUdeviceptr_v1)dptr);
+}
 
-/* An allocating call (ALLOC_CALL with the arguments after bytes) whose
- * object, *out, is tracked as kind with bytes (evaluated on success only). */
-#define ALLOC_TRACKED_BODY(kind, out, bytes, ...)                           \
-    CUresult rc;                                                            \
-    ALLOC_CALL(rc, __VA_ARGS__);                                            \
-    if (rc == CUDA_SUCCESS)                                                 \
-        cd_track(kind, (uintptr_t)*(out), bytes, 0);                        \
-    return rc
-
-/* The driver's call with the wrapper's arguments; on success, hook (an
- * expression that may use the results). */
-#define REAL_THEN(hook, ...)                                                \
-    CUresult rc = real(__VA_ARGS__);                                        \
-    if (rc == CUDA_SUCCESS)                                                 \
-        hook;                                                               \
-    return rc
-
-/* A release: the engine's answer when it takes the call (key is the
- * address or handle), the driver's otherwise. */
-#define RELEASE_BODY(release, key, arg)                                     \
-    CUresult rc;                                                            \
-    if (release(key, &rc))                                                  \
-        return rc;                                                          \
-    return real(arg)
-
-/* An allocation of kind that a block released earlier may serve (when ok:
- * arguments the driver accepts): else ALLOC_CALL(args...), and the new
- * block tracked. *out receives the block, cast to type. */
-#define REUSE_OR_ALLOC_BODY(kind, ok, out, type, bytes, flags, ...)         \
-    CUresult rc;                                                            \
-    uintptr_t again;                                                        \
-    if ((out) && (ok) && cd_reuse(kind, bytes, flags, &again)) {            \
-        *(out) = (type)again;                                               \
-        return CUDA_SUCCESS;                                                \
-    }                                                                       \
-    ALLOC_CALL(rc, __VA_ARGS__);                                            \
-    if (rc == CUDA_SUCCESS)                                                 \
-        cd_track(kind, (uintptr_t)*(out), bytes, flags);                    \
-    return rc
-
-/* ---- releases ---------------------------------------------------------- */
-
-DECLARE_REAL(cuMemFree);
 EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr)
 {
-    ENTER(cuMemFree);
-    RELEASE_BODY(cd_release_device, (CUdeviceptr)dptr, dptr);
+    return free_device(dptr, REAL(cuMemFree) ? free_v1 : NULL, CD_W_cuMemFree);
 }
 
-DECLARE_REAL(cuMemFree_v2);
 EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-    ENTER(cuMemFree_v2);
-    RELEASE_BODY(cd_release_device, dptr, dptr);
+    return free_device(dptr, REAL(cuMemFree_v2), CD_W_cuMemFree_v2);
 }
 
-DECLARE_REAL(cuMemFreeHost);
 EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 {
-    ENTER(cuMemFreeHost);
-    RELEASE_BODY(cd_release_host, p, p);
+    release_ptr_fn real = REAL(cuMemFreeHost);
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuMemFreeHost);
+    return cd_release_host(p, &rc) ? rc : real(p);
 }
 
-DECLARE_REAL(cuMemHostUnregister);
 EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-    ENTER(cuMemHostUnregister);
+    release_ptr_fn real = REAL(cuMemHostUnregister);
     CUresult rc;
-    if (cd_release_registered(p, &rc))
-        return rc;
-    return cd_unregister_answer(p, real(p));
+    if (!real)
+        return cd_missing(CD_W_cuMemHostUnregister);
+    return cd_release_registered(p, &rc) ? rc : cd_unregister_answer(p, real(p));
 }
 
-DECLARE_REAL(cuArrayDestroy);
 EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
 {
-    ENTER(cuArrayDestroy);
-    RELEASE_BODY(cd_release_array, hArray, hArray);
+    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuArrayDestroy);
+    return cd_release_array(hArray, &rc) ? rc : real(hArray);
 }
 
-DECLARE_REAL(cuMipmappedArrayDestroy);
 EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
-    ENTER(cuMipmappedArrayDestroy);
-    RELEASE_BODY(cd_release_mipmapped, hMipmappedArray, hMipmappedArray);
+    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuMipmappedArrayDestroy);
+    return cd_release_mipmapped(hMipmappedArray, &rc) ? rc : real(hMipmappedArray);
 }
 
-DECLARE_REAL(cuModuleUnload);
 EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
 {
-    ENTER(cuModuleUnload);
-    RELEASE_BODY(cd_release_module, hmod, hmod);
+    __typeof__(&cuModuleUnload) real = REAL(cuModuleUnload);
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuModuleUnload);
+    return cd_release_module(hmod, &rc) ? rc : real(hmod);
 }
 
-DECLARE_REAL(cuLibraryUnload);
 EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library)
 {
-    ENTER(cuLibraryUnload);
-    RELEASE_BODY(cd_release_library, library, library);
+    __typeof__(&cuLibraryUnload) real = REAL(cuLibraryUnload);
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuLibraryUnload);
+    return cd_release_library(library, &rc) ? rc : real(library);
 }
 
-/* ---- synchronisation --------------------------------------------------- */
+/* ---- stream-ordered frees -------------------------------------------------------- */
 
-DECLARE_REAL(cuCtxSynchronize);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+
+static CUresult free_async(CUdeviceptr dptr, CUstream s, free_async_fn real, enum cd_wrapped w)
+{
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    if (cd_free_async(dptr, &rc))
+        return rc;
+    rc = real(dptr, s);
+    if (rc == CUDA_SUCCESS)
+        cd_free_async_done(dptr);
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, REAL(cuMemFreeAsync), CD_W_cuMemFreeAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, REAL(cuMemFreeAsync_ptsz), CD_W_cuMemFreeAsync_ptsz);
+}
+
+/* ---- synchronisation --------------------------------------------------------------- */
+
 EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 {
-    ENTER(cuCtxSynchronize);
+    __typeof__(&cuCtxSynchronize) real = REAL(cuCtxSynchronize);
+    if (!real)
+        return cd_missing(CD_W_cuCtxSynchronize);
     CUresult rc = real();
     if (rc == CUDA_SUCCESS)
         cd_context_synchronized(NULL);
     return rc;
 }
 
-DECLARE_REAL(cuCtxSynchronize_v2);
 EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
 {
-    ENTER(cuCtxSynchronize_v2);
-    REAL_THEN(cd_context_synchronized(ctx), ctx);
+    __typeof__(&cuCtxSynchronize_v2) real = REAL(cuCtxSynchronize_v2);
+    if (!real)
+        return cd_missing(CD_W_cuCtxSynchronize_v2);
+    CUresult rc = real(ctx);
+    if (rc == CUDA_SUCCESS)
+        cd_context_synchronized(ctx);
+    return rc;
 }
 
-/* ---- device, managed and host memory ----------------------------------- */
+/* ---- allocations that a released block may serve ------------------------------------ */
 
-DECLARE_REAL(cuMemAlloc);
+/* Device memory: the 64-bit and 32-bit calls. */
+typedef CUresult (*alloc_device_fn)(CUdeviceptr *, size_t);
+
+static CUresult alloc_device(CUdeviceptr *dptr, size_t bytes, alloc_device_fn real, bool narrow,
+                             enum cd_wrapped w)
+{
+    struct cd_alloc a;
+    uintptr_t key;
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    cd_alloc_start(&a, cd_wrapped_names[w], CD_DEVICE, bytes, 0, narrow);
+    if (dptr && cd_alloc_reuse(&a, &key)) {
+        *dptr = (CUdeviceptr)key;
+        return CUDA_SUCCESS;
+    }
+    do
+        rc = real(dptr, bytes);
+    while (cd_alloc_failed(&a, rc));
+    cd_alloc_done(&a, rc, rc == CUDA_SUCCESS ? (uintptr_t)*dptr : 0);
+    return rc;
+}
+
+/* cuMemAlloc returns a 32-bit pointer and takes a 32-bit size. */
+static CUresult alloc_v1(CUdeviceptr *dptr, size_t bytes)
+{
+    CUdeviceptr_v1 p = 0;
+    CUresult rc = REAL(cuMemAlloc)(dptr ? &p : NULL, (unsigned int)bytes);
+    if (dptr)
+        *dptr = p;
+    return rc;
+}
+
 EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
-    ENTER(cuMemAlloc);
-    REUSE_OR_ALLOC_BODY(CD_DEVICE, true, dptr, CUdeviceptr_v1, bytesize, 0, dptr, bytesize);
+    CUdeviceptr p = 0;
+    CUresult rc = alloc_device(dptr ? &p : NULL, bytesize, REAL(cuMemAlloc) ? alloc_v1 : NULL,
+                               true, CD_W_cuMemAlloc);
+    if (dptr && rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)p;
+    return rc;
 }
 
-DECLARE_REAL(cuMemAlloc_v2);
 EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    ENTER(cuMemAlloc_v2);
-    REUSE_OR_ALLOC_BODY(CD_DEVICE, true, dptr, CUdeviceptr, bytesize, 0, dptr, bytesize);
+    return alloc_device(dptr, bytesize, REAL(cuMemAlloc_v2), false, CD_W_cuMemAlloc_v2);
 }
 
-DECLARE_REAL(cuMemAllocPitch);
+EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
+    struct cd_alloc a;
+    uintptr_t key;
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuMemAllocManaged);
+    /* Only flags the driver accepts are served from released blocks: an
+     * invalid one gets the driver's error. */
+    bool valid = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST;
+    cd_alloc_start(&a, "cuMemAllocManaged", CD_MANAGED, valid ? bytesize : 0, flags, false);
+    if (dptr && cd_alloc_reuse(&a, &key)) {
+        *dptr = (CUdeviceptr)key;
+        return CUDA_SUCCESS;
+    }
+    do
+        rc = real(dptr, bytesize, flags);
+    while (cd_alloc_failed(&a, rc));
+    cd_alloc_done(&a, rc, rc == CUDA_SUCCESS ? (uintptr_t)*dptr : 0);
+    return rc;
+}
+
+/* Pinned host memory: cuMemAllocHost (both widths) and cuMemHostAlloc. */
+typedef CUresult (*alloc_host_fn)(void **, size_t, unsigned int);
+
+/* flags: the cuMemHostAlloc call's; none for cuMemAllocHost (alloc_host_call),
+ * whose blocks are told apart from cuMemHostAlloc's of the same flags
+ * (CD_FLAGS_ALLOC_HOST): the driver's queries answer each its own way.
+ * Only flags the driver accepts are served from released blocks: an
+ * invalid one gets the driver's error. */
+static CUresult alloc_host(void **pp, size_t bytes, unsigned flags, bool alloc_host_call,
+                           alloc_host_fn real, enum cd_wrapped w)
+{
+    struct cd_alloc a;
+    uintptr_t key;
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                     CU_MEMHOSTALLOC_WRITECOMBINED;
+    bool valid = alloc_host_call || !(flags & ~known);
+    unsigned kept_as = alloc_host_call ? CD_FLAGS_ALLOC_HOST : flags;
+    cd_alloc_start(&a, cd_wrapped_names[w], CD_HOST, valid ? bytes : 0, kept_as, false);
+    if (pp && cd_alloc_reuse(&a, &key)) {
+        *pp = (void *)key;
+        return CUDA_SUCCESS;
+    }
+    do
+        rc = real(pp, bytes, flags);
+    while (cd_alloc_failed(&a, rc));
+    cd_alloc_done(&a, rc, rc == CUDA_SUCCESS ? (uintptr_t)*pp : 0);
+    return rc;
+}
+
+static CUresult alloc_host_v1(void **pp, size_t bytes, unsigned int flags)
+{
+    (void)flags;
+    return REAL(cuMemAllocHost)(pp, (unsigned int)bytes);
+}
+
+static CUresult alloc_host_v2(void **pp, size_t bytes, unsigned int flags)
+{
+    (void)flags;
+    return REAL(cuMemAllocHost_v2)(pp, bytes);
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+    return alloc_host(pp, bytesize, 0, true, REAL(cuMemAllocHost) ? alloc_host_v1 : NULL,
+                      CD_W_cuMemAllocHost);
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return alloc_host(pp, bytesize, 0, true, REAL(cuMemAllocHost_v2) ? alloc_host_v2 : NULL,
+                      CD_W_cuMemAllocHost_v2);
+}
+
+EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    return alloc_host(pp, bytesize, Flags, false, REAL(cuMemHostAlloc), CD_W_cuMemHostAlloc);
+}
+
+/* ---- allocations that are tracked --------------------------------------------------- */
+
+typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+
+static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned elem, pitch_fn real, bool narrow, enum cd_wrapped w)
+{
+    struct cd_alloc a;
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    cd_alloc_start(&a, cd_wrapped_names[w], CD_DEVICE, 0, 0, narrow);
+    do
+        rc = real(dptr, pitch, width, height, elem);
+    while (cd_alloc_failed(&a, rc));
+    a.bytes = rc == CUDA_SUCCESS ? *pitch * height : 0;
+    cd_alloc_done(&a, rc, rc == CUDA_SUCCESS ? (uintptr_t)*dptr : 0);
+    return rc;
+}
+
+static CUresult pitch_v1(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                         unsigned int elem)
+{
+    CUdeviceptr_v1 p = 0;
+    unsigned int pp = 0;
+    CUresult rc = REAL(cuMemAllocPitch)(dptr ? &p : NULL, pitch ? &pp : NULL,
+                                         (unsigned int)width, (unsigned int)height, elem);
+    if (dptr)
+        *dptr = p;
+    if (pitch)
+        *pitch = pp;
+    return rc;
+}
+
 EXPORT CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch,
                                         unsigned int WidthInBytes, unsigned int Height,
                                         unsigned int ElementSizeBytes)
 {
-    ENTER(cuMemAllocPitch);
-    ALLOC_TRACKED_BODY(CD_DEVICE, dptr, (size_t)*pPitch * Height,
-                       dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    CUresult rc = alloc_pitch(dptr ? &p : NULL, pPitch ? &pitch : NULL, WidthInBytes, Height,
+                              ElementSizeBytes, REAL(cuMemAllocPitch) ? pitch_v1 : NULL, true,
+                              CD_W_cuMemAllocPitch);
+    if (dptr && rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)p;
+    if (pPitch && rc == CUDA_SUCCESS)
+        *pPitch = (unsigned int)pitch;
+    return rc;
 }
 
-DECLARE_REAL(cuMemAllocPitch_v2);
 EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                            size_t Height, unsigned int ElementSizeBytes)
 {
-    ENTER(cuMemAllocPitch_v2);
-    ALLOC_TRACKED_BODY(CD_DEVICE, dptr, *pPitch * Height,
-                       dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    return alloc_pitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes,
+                       REAL(cuMemAllocPitch_v2), false, CD_W_cuMemAllocPitch_v2);
 }
 
-DECLARE_REAL(cuMemAllocManaged);
-EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+/* Registrations: pending unregisters of the range go first. */
+typedef CUresult (*register_fn)(void *, size_t, unsigned int);
+
+static CUresult host_register(void *p, size_t bytes, unsigned flags, register_fn real,
+                              enum cd_wrapped w)
 {
-    ENTER(cuMemAllocManaged);
-    bool valid = flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST;
-    REUSE_OR_ALLOC_BODY(CD_MANAGED, valid, dptr, CUdeviceptr, bytesize, flags, dptr, bytesize,
-                        flags);
+    struct cd_alloc a;
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    cd_register_start(p, bytes);
+    cd_alloc_start(&a, cd_wrapped_names[w], CD_REGISTERED, bytes, flags, false);
+    do
+        rc = real(p, bytes, flags);
+    while (cd_alloc_failed(&a, rc));
+    if (cd_register_failed(rc, p, bytes))
+        rc = real(p, bytes, flags);
+    cd_alloc_done(&a, rc, rc == CUDA_SUCCESS ? (uintptr_t)p : 0);
+    return rc;
 }
 
-DECLARE_REAL(cuMemAllocHost);
-EXPORT CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
-{
-    ENTER(cuMemAllocHost);
-    REUSE_OR_ALLOC_BODY(CD_HOST, true, pp, void *, bytesize, CD_FLAGS_ALLOC_HOST, pp, bytesize);
-}
-
-DECLARE_REAL(cuMemAllocHost_v2);
-EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
-{
-    ENTER(cuMemAllocHost_v2);
-    REUSE_OR_ALLOC_BODY(CD_HOST, true, pp, void *, bytesize, CD_FLAGS_ALLOC_HOST, pp, bytesize);
-}
-
-DECLARE_REAL(cuMemHostAlloc);
-EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
-{
-    ENTER(cuMemHostAlloc);
-    /* Only flags the driver accepts: an invalid one gets the driver's error. */
-    bool valid = !(Flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
-                                       CU_MEMHOSTALLOC_WRITECOMBINED));
-    REUSE_OR_ALLOC_BODY(CD_HOST, valid, pp, void *, bytesize, Flags, pp, bytesize, Flags);
-}
-
-/* A registration that overlaps a queued unregister would fail with
- * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: those go first. */
-#define REGISTER_BODY()                                                     \
-    CUresult rc;                                                            \
-    cd_before_register(p, bytesize);                                        \
-    ALLOC_CALL(rc, p, bytesize, Flags);                                     \
-    if (cd_register_failed(rc, p, bytesize))                                \
-        rc = real(p, bytesize, Flags);                                      \
-    if (rc == CUDA_SUCCESS)                                                 \
-        cd_track(CD_REGISTERED, (uintptr_t)p, bytesize, Flags);                    \
-    return rc
-
-DECLARE_REAL(cuMemHostRegister);
 EXPORT CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
 {
-    ENTER(cuMemHostRegister);
-    REGISTER_BODY();
+    return host_register(p, bytesize, Flags, REAL(cuMemHostRegister), CD_W_cuMemHostRegister);
 }
 
-DECLARE_REAL(cuMemHostRegister_v2);
 EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
 {
-    ENTER(cuMemHostRegister_v2);
-    REGISTER_BODY();
+    return host_register(p, bytesize, Flags, REAL(cuMemHostRegister_v2),
+                         CD_W_cuMemHostRegister_v2);
 }
 
-/* ---- stream-ordered and virtual memory: retried, not tracked ----------- */
-
-DECLARE_REAL(cuMemAllocAsync);
-EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    ENTER(cuMemAllocAsync);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, bytesize, hStream);
-    return rc;
-}
-
-DECLARE_REAL(cuMemAllocAsync_ptsz);
-EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    ENTER(cuMemAllocAsync_ptsz);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, bytesize, hStream);
-    return rc;
-}
-
-DECLARE_REAL(cuMemAllocFromPoolAsync);
-EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-                                                CUmemoryPool pool, CUstream hStream)
-{
-    ENTER(cuMemAllocFromPoolAsync);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, bytesize, pool, hStream);
-    return rc;
-}
-
-DECLARE_REAL(cuMemAllocFromPoolAsync_ptsz);
-EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                     CUmemoryPool pool, CUstream hStream)
-{
-    ENTER(cuMemAllocFromPoolAsync_ptsz);
-    CUresult rc;
-    ALLOC_CALL(rc, dptr, bytesize, pool, hStream);
-    return rc;
-}
-
-DECLARE_REAL(cuMemCreate);
-EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                    const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    ENTER(cuMemCreate);
-    CUresult rc;
-    ALLOC_CALL(rc, handle, size, prop, flags);
-    return rc;
-}
-
-/* ---- arrays ------------------------------------------------------------ */
-
+/* Arrays: the bytes a descriptor of any version describes. */
 static size_t format_bytes(CUarray_format f)
 {
     switch (f) {
@@ -323,82 +397,200 @@ static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsign
     return w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (channels ? channels : 1);
 }
 
-/* Bytes of the array a descriptor (of any version) describes, depth d. */
-#define DESC_BYTES(desc, d)                                                 \
-    array_bytes((desc)->Width, (desc)->Height, d, (desc)->Format, (desc)->NumChannels)
+/* An allocating call that returns a handle (arrays, modules, libraries):
+ * retried after an out-of-memory answer, its handle tracked. call makes the
+ * driver's call with the wrapper's arguments. */
+struct handle_call {
+    CUresult (*call)(const struct handle_call *hc);
+    void *out;         /* where the handle lands */
+    const void *args;  /* the wrapper's arguments */
+};
 
-DECLARE_REAL(cuArrayCreate);
+static CUresult alloc_handle(const struct handle_call *hc, enum cd_kind kind, size_t bytes,
+                             bool have_real, enum cd_wrapped w)
+{
+    struct cd_alloc a;
+    CUresult rc;
+    if (!have_real)
+        return cd_missing(w);
+    cd_alloc_start(&a, cd_wrapped_names[w], kind, 0, 0, false);
+    do
+        rc = hc->call(hc);
+    while (cd_alloc_failed(&a, rc));
+    a.bytes = bytes;
+    uintptr_t key = 0;
+    if (rc == CUDA_SUCCESS && hc->out)
+        key = (uintptr_t)*(void **)hc->out;
+    cd_alloc_done(&a, rc, key);
+    return rc;
+}
+
+struct array_args {
+    const void *desc;
+};
+
+static CUresult call_array_v1(const struct handle_call *hc)
+{
+    return REAL(cuArrayCreate)(hc->out, ((const struct array_args *)hc->args)->desc);
+}
+
+static CUresult call_array_v2(const struct handle_call *hc)
+{
+    return REAL(cuArrayCreate_v2)(hc->out, ((const struct array_args *)hc->args)->desc);
+}
+
+static CUresult call_array3d_v1(const struct handle_call *hc)
+{
+    return REAL(cuArray3DCreate)(hc->out, ((const struct array_args *)hc->args)->desc);
+}
+
+static CUresult call_array3d_v2(const struct handle_call *hc)
+{
+    return REAL(cuArray3DCreate_v2)(hc->out, ((const struct array_args *)hc->args)->desc);
+}
+
 EXPORT CUresult CUDAAPI cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
 {
-    ENTER(cuArrayCreate);
-    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, 1), pHandle, desc);
+    struct array_args args = {desc};
+    struct handle_call hc = {call_array_v1, pHandle, &args};
+    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format,
+                                      desc->NumChannels) : 0;
+    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArrayCreate) != NULL, CD_W_cuArrayCreate);
 }
 
-DECLARE_REAL(cuArrayCreate_v2);
 EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    ENTER(cuArrayCreate_v2);
-    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, 1), pHandle, desc);
+    struct array_args args = {desc};
+    struct handle_call hc = {call_array_v2, pHandle, &args};
+    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format,
+                                      desc->NumChannels) : 0;
+    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArrayCreate_v2) != NULL,
+                        CD_W_cuArrayCreate_v2);
 }
 
-DECLARE_REAL(cuArray3DCreate);
 EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
 {
-    ENTER(cuArray3DCreate);
-    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, desc->Depth), pHandle, desc);
+    struct array_args args = {desc};
+    struct handle_call hc = {call_array3d_v1, pHandle, &args};
+    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                      desc->NumChannels) : 0;
+    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArray3DCreate) != NULL,
+                        CD_W_cuArray3DCreate);
 }
 
-DECLARE_REAL(cuArray3DCreate_v2);
 EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    ENTER(cuArray3DCreate_v2);
-    ALLOC_TRACKED_BODY(CD_ARRAY, pHandle, DESC_BYTES(desc, desc->Depth), pHandle, desc);
+    struct array_args args = {desc};
+    struct handle_call hc = {call_array3d_v2, pHandle, &args};
+    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                      desc->NumChannels) : 0;
+    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArray3DCreate_v2) != NULL,
+                        CD_W_cuArray3DCreate_v2);
 }
 
-DECLARE_REAL(cuMipmappedArrayCreate);
+struct mipmap_args {
+    const CUDA_ARRAY3D_DESCRIPTOR *desc;
+    unsigned levels;
+};
+
+static CUresult call_mipmapped(const struct handle_call *hc)
+{
+    const struct mipmap_args *a = hc->args;
+    return REAL(cuMipmappedArrayCreate)(hc->out, a->desc, a->levels);
+}
+
 EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                                                const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                                unsigned int numMipmapLevels)
 {
-    ENTER(cuMipmappedArrayCreate);
+    struct mipmap_args args = {desc, numMipmapLevels};
+    struct handle_call hc = {call_mipmapped, pHandle, &args};
     /* The levels below the first add at most a third. */
-    ALLOC_TRACKED_BODY(CD_MIPMAPPED, pHandle, DESC_BYTES(desc, desc->Depth) / 3 * 4, pHandle, desc,
-                       numMipmapLevels);
+    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                      desc->NumChannels) / 3 * 4 : 0;
+    return alloc_handle(&hc, CD_MIPMAPPED, bytes, REAL(cuMipmappedArrayCreate) != NULL,
+                        CD_W_cuMipmappedArrayCreate);
 }
 
-/* ---- modules and libraries --------------------------------------------- */
+/* Modules and libraries. */
+struct load_args {
+    const void *image;
+    unsigned n;
+    CUjit_option *options;
+    void **values;
+    CUlibraryOption *lib_options;
+    void **lib_values;
+    unsigned lib_n;
+};
 
-DECLARE_REAL(cuModuleLoad);
+static CUresult call_module_load(const struct handle_call *hc)
+{
+    return REAL(cuModuleLoad)(hc->out, ((const struct load_args *)hc->args)->image);
+}
+
+static CUresult call_module_data(const struct handle_call *hc)
+{
+    return REAL(cuModuleLoadData)(hc->out, ((const struct load_args *)hc->args)->image);
+}
+
+static CUresult call_module_data_ex(const struct handle_call *hc)
+{
+    const struct load_args *a = hc->args;
+    return REAL(cuModuleLoadDataEx)(hc->out, a->image, a->n, a->options, a->values);
+}
+
+static CUresult call_module_fatbin(const struct handle_call *hc)
+{
+    return REAL(cuModuleLoadFatBinary)(hc->out, ((const struct load_args *)hc->args)->image);
+}
+
+static CUresult call_library_data(const struct handle_call *hc)
+{
+    const struct load_args *a = hc->args;
+    return REAL(cuLibraryLoadData)(hc->out, a->image, a->options, a->values, a->n, a->lib_options,
+                                   a->lib_values, a->lib_n);
+}
+
+static CUresult call_library_file(const struct handle_call *hc)
+{
+    const struct load_args *a = hc->args;
+    return REAL(cuLibraryLoadFromFile)(hc->out, a->image, a->options, a->values, a->n,
+                                       a->lib_options, a->lib_values, a->lib_n);
+}
+
 EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
 {
-    ENTER(cuModuleLoad);
-    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, fname);
+    struct load_args args = {.image = fname};
+    struct handle_call hc = {call_module_load, module, &args};
+    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoad) != NULL, CD_W_cuModuleLoad);
 }
 
-DECLARE_REAL(cuModuleLoadData);
 EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
-    ENTER(cuModuleLoadData);
-    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, image);
+    struct load_args args = {.image = image};
+    struct handle_call hc = {call_module_data, module, &args};
+    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadData) != NULL, CD_W_cuModuleLoadData);
 }
 
-DECLARE_REAL(cuModuleLoadDataEx);
 EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
                                            unsigned int numOptions, CUjit_option *options,
                                            void **optionValues)
 {
-    ENTER(cuModuleLoadDataEx);
-    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, image, numOptions, options, optionValues);
+    struct load_args args = {.image = image, .n = numOptions, .options = options,
+                             .values = optionValues};
+    struct handle_call hc = {call_module_data_ex, module, &args};
+    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadDataEx) != NULL,
+                        CD_W_cuModuleLoadDataEx);
 }
 
-DECLARE_REAL(cuModuleLoadFatBinary);
 EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
-    ENTER(cuModuleLoadFatBinary);
-    ALLOC_TRACKED_BODY(CD_MODULE, module, 0, module, fatCubin);
+    struct load_args args = {.image = fatCubin};
+    struct handle_call hc = {call_module_fatbin, module, &args};
+    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadFatBinary) != NULL,
+                        CD_W_cuModuleLoadFatBinary);
 }
 
-DECLARE_REAL(cuLibraryLoadData);
 EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
                                           CUjit_option *jitOptions, void **jitOptionsValues,
                                           unsigned int numJitOptions,
@@ -406,13 +598,13 @@ EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
                                           void **libraryOptionValues,
                                           unsigned int numLibraryOptions)
 {
-    ENTER(cuLibraryLoadData);
-    ALLOC_TRACKED_BODY(CD_LIBRARY, library, 0,
-                       library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-                       libraryOptionValues, numLibraryOptions);
+    struct load_args args = {code, numJitOptions, jitOptions, jitOptionsValues, libraryOptions,
+                             libraryOptionValues, numLibraryOptions};
+    struct handle_call hc = {call_library_data, library, &args};
+    return alloc_handle(&hc, CD_LIBRARY, 0, REAL(cuLibraryLoadData) != NULL,
+                        CD_W_cuLibraryLoadData);
 }
 
-DECLARE_REAL(cuLibraryLoadFromFile);
 EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
                                               CUjit_option *jitOptions, void **jitOptionsValues,
                                               unsigned int numJitOptions,
@@ -420,236 +612,545 @@ EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fi
                                               void **libraryOptionValues,
                                               unsigned int numLibraryOptions)
 {
-    ENTER(cuLibraryLoadFromFile);
-    ALLOC_TRACKED_BODY(CD_LIBRARY, library, 0,
-                       library, fileName, jitOptions, jitOptionsValues, numJitOptions,
-                       libraryOptions, libraryOptionValues, numLibraryOptions);
+    struct load_args args = {fileName, numJitOptions, jitOptions, jitOptionsValues,
+                             libraryOptions, libraryOptionValues, numLibraryOptions};
+    struct handle_call hc = {call_library_file, library, &args};
+    return alloc_handle(&hc, CD_LIBRARY, 0, REAL(cuLibraryLoadFromFile) != NULL,
+                        CD_W_cuLibraryLoadFromFile);
 }
 
-/* ---- streams ----------------------------------------------------------- */
+/* ---- calls that may run out of memory, not tracked ------------------------------------ */
 
-DECLARE_REAL(cuStreamCreate);
+/* Stream-ordered allocations return addresses the engine does not track: a
+ * stale record of the same address goes. */
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s,
+                            alloc_async_fn plain, alloc_pool_fn from_pool, enum cd_wrapped w)
+{
+    struct cd_alloc a;
+    CUresult rc;
+    if (!plain && !from_pool)
+        return cd_missing(w);
+    cd_alloc_start(&a, cd_wrapped_names[w], CD_DEVICE, 0, 0, false);
+    do
+        rc = plain ? plain(dptr, bytes, s) : from_pool(dptr, bytes, pool, s);
+    while (cd_alloc_failed(&a, rc));
+    if (rc == CUDA_SUCCESS)
+        cd_alloc_untracked((uintptr_t)*dptr);
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, hStream, REAL(cuMemAllocAsync), NULL,
+                       CD_W_cuMemAllocAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, hStream, REAL(cuMemAllocAsync_ptsz), NULL,
+                       CD_W_cuMemAllocAsync_ptsz);
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                                                CUmemoryPool pool, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, pool, hStream, NULL, REAL(cuMemAllocFromPoolAsync),
+                       CD_W_cuMemAllocFromPoolAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                     CUmemoryPool pool, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, pool, hStream, NULL, REAL(cuMemAllocFromPoolAsync_ptsz),
+                       CD_W_cuMemAllocFromPoolAsync_ptsz);
+}
+
+/* Retries once what cudefer holds is given back (cd_alloc_failed): for
+ * calls that allocate device memory the program does not see (a lazily
+ * loaded module at a launch or a function lookup, a context, a stream, a
+ * virtual-memory handle). The first answer is returned at once when it is
+ * not an out-of-memory one: the hot path of a launch is one compare. */
+static bool retry(struct cd_alloc *a, CUresult rc, enum cd_wrapped w)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY)
+        return false;
+    if (!a->call)
+        cd_alloc_start(a, cd_wrapped_names[w], CD_DEVICE, 0, 0, false);
+    return cd_alloc_failed(a, rc);
+}
+
+EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuMemCreate);
+    do
+        rc = real(handle, size, prop, flags);
+    while (retry(&a, rc, CD_W_cuMemCreate));
+    return rc;
+}
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+
+static CUresult launch(launch_fn real, enum cd_wrapped w, CUfunction f, unsigned gx, unsigned gy,
+                       unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                       CUstream s, void **params, void **extra)
+{
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    do
+        rc = real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+    while (retry(&a, rc, w));
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                       unsigned int gridDimZ, unsigned int blockDimX,
+                                       unsigned int blockDimY, unsigned int blockDimZ,
+                                       unsigned int sharedMemBytes, CUstream hStream,
+                                       void **kernelParams, void **extra)
+{
+    return launch(REAL(cuLaunchKernel), CD_W_cuLaunchKernel, f, gridDimX, gridDimY, gridDimZ,
+                  blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+}
+
+EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                            unsigned int gridDimY, unsigned int gridDimZ,
+                                            unsigned int blockDimX, unsigned int blockDimY,
+                                            unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                            CUstream hStream, void **kernelParams, void **extra)
+{
+    return launch(REAL(cuLaunchKernel_ptsz), CD_W_cuLaunchKernel_ptsz, f, gridDimX, gridDimY,
+                  gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                  kernelParams, extra);
+}
+
+EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    __typeof__(&cuModuleGetFunction) real = REAL(cuModuleGetFunction);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuModuleGetFunction);
+    do
+        rc = real(hfunc, hmod, name);
+    while (retry(&a, rc, CD_W_cuModuleGetFunction));
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    __typeof__(&cuKernelGetFunction) real = REAL(cuKernelGetFunction);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuKernelGetFunction);
+    do
+        rc = real(pFunc, kernel);
+    while (retry(&a, rc, CD_W_cuKernelGetFunction));
+    return rc;
+}
+
+/* ---- streams ----------------------------------------------------------------------- */
+
 EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
-    ENTER(cuStreamCreate);
-    REAL_THEN(cd_stream_created(*phStream), phStream, Flags);
+    __typeof__(&cuStreamCreate) real = REAL(cuStreamCreate);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuStreamCreate);
+    do
+        rc = real(phStream, Flags);
+    while (retry(&a, rc, CD_W_cuStreamCreate));
+    if (rc == CUDA_SUCCESS)
+        cd_stream_created(*phStream);
+    return rc;
 }
 
-DECLARE_REAL(cuStreamCreateWithPriority);
 EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
                                                    int priority)
 {
-    ENTER(cuStreamCreateWithPriority);
-    REAL_THEN(cd_stream_created(*phStream), phStream, flags, priority);
+    __typeof__(&cuStreamCreateWithPriority) real = REAL(cuStreamCreateWithPriority);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuStreamCreateWithPriority);
+    do
+        rc = real(phStream, flags, priority);
+    while (retry(&a, rc, CD_W_cuStreamCreateWithPriority));
+    if (rc == CUDA_SUCCESS)
+        cd_stream_created(*phStream);
+    return rc;
 }
 
-DECLARE_REAL(cuStreamDestroy);
+EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx,
+                                               unsigned int flags, int priority)
+{
+    __typeof__(&cuGreenCtxStreamCreate) real = REAL(cuGreenCtxStreamCreate);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuGreenCtxStreamCreate);
+    do
+        rc = real(phStream, greenCtx, flags, priority);
+    while (retry(&a, rc, CD_W_cuGreenCtxStreamCreate));
+    if (rc == CUDA_SUCCESS)
+        cd_stream_created(*phStream);
+    return rc;
+}
+
+static CUresult stream_destroy(CUstream s, CUresult (*real)(CUstream), enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    cd_stream_destroying(s);
+    return real(s);
+}
+
 EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
 {
-    ENTER(cuStreamDestroy);
-    cd_stream_destroying(hStream);
-    return real(hStream);
+    return stream_destroy(hStream, REAL(cuStreamDestroy), CD_W_cuStreamDestroy);
 }
 
-DECLARE_REAL(cuStreamDestroy_v2);
 EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
-    ENTER(cuStreamDestroy_v2);
-    cd_stream_destroying(hStream);
-    return real(hStream);
+    return stream_destroy(hStream, REAL(cuStreamDestroy_v2), CD_W_cuStreamDestroy_v2);
 }
 
-/* ---- stream capture ---------------------------------------------------- */
+/* ---- stream capture -------------------------------------------------------------------- */
 
-#define BEGIN_CAPTURE(...)                                                  \
-    cd_capture_begin();                                                     \
-    CUresult rc = real(__VA_ARGS__);                                        \
-    cd_capture_begun(hStream, rc);                                          \
-    return rc
+/* Every begin variant, reduced to one call of the driver's own function. */
+struct begin_args {
+    CUstream stream;
+    CUstreamCaptureMode mode;
+    CUgraph graph;
+    const CUgraphNode *deps;
+    const CUgraphEdgeData *edges;
+    size_t ndeps;
+};
 
-DECLARE_REAL(cuStreamBeginCapture);
+static CUresult begin_capture(CUresult (*call)(const struct begin_args *), const struct begin_args *a,
+                              bool have_real, bool per_thread, enum cd_wrapped w)
+{
+    if (!have_real)
+        return cd_missing(w);
+    cd_capture_begin();
+    CUresult rc = call(a);
+    cd_capture_begun(a->stream, per_thread, rc);
+    return rc;
+}
+
+static CUresult call_begin(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCapture)(a->stream);
+}
+
+static CUresult call_begin_ptsz(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCapture_ptsz)(a->stream);
+}
+
+static CUresult call_begin_v2(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCapture_v2)(a->stream, a->mode);
+}
+
+static CUresult call_begin_v2_ptsz(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCapture_v2_ptsz)(a->stream, a->mode);
+}
+
+static CUresult call_begin_graph(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCaptureToGraph)(a->stream, a->graph, a->deps, a->edges, a->ndeps,
+                                             a->mode);
+}
+
+static CUresult call_begin_graph_ptsz(const struct begin_args *a)
+{
+    return REAL(cuStreamBeginCaptureToGraph_ptsz)(a->stream, a->graph, a->deps, a->edges,
+                                                  a->ndeps, a->mode);
+}
+
 EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream)
 {
-    ENTER(cuStreamBeginCapture);
-    BEGIN_CAPTURE(hStream);
+    struct begin_args a = {.stream = hStream};
+    return begin_capture(call_begin, &a, REAL(cuStreamBeginCapture) != NULL, false,
+                         CD_W_cuStreamBeginCapture);
 }
 
-DECLARE_REAL(cuStreamBeginCapture_ptsz);
 EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream)
 {
-    ENTER(cuStreamBeginCapture_ptsz);
-    BEGIN_CAPTURE(hStream);
+    struct begin_args a = {.stream = hStream};
+    return begin_capture(call_begin_ptsz, &a, REAL(cuStreamBeginCapture_ptsz) != NULL, true,
+                         CD_W_cuStreamBeginCapture_ptsz);
 }
 
-DECLARE_REAL(cuStreamBeginCapture_v2);
 EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-    ENTER(cuStreamBeginCapture_v2);
-    BEGIN_CAPTURE(hStream, mode);
+    struct begin_args a = {.stream = hStream, .mode = mode};
+    return begin_capture(call_begin_v2, &a, REAL(cuStreamBeginCapture_v2) != NULL, false,
+                         CD_W_cuStreamBeginCapture_v2);
 }
 
-DECLARE_REAL(cuStreamBeginCapture_v2_ptsz);
 EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
-    ENTER(cuStreamBeginCapture_v2_ptsz);
-    BEGIN_CAPTURE(hStream, mode);
+    struct begin_args a = {.stream = hStream, .mode = mode};
+    return begin_capture(call_begin_v2_ptsz, &a, REAL(cuStreamBeginCapture_v2_ptsz) != NULL,
+                         true, CD_W_cuStreamBeginCapture_v2_ptsz);
 }
 
-DECLARE_REAL(cuStreamBeginCaptureToGraph);
 EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
                                                     const CUgraphNode *dependencies,
                                                     const CUgraphEdgeData *dependencyData,
                                                     size_t numDependencies,
                                                     CUstreamCaptureMode mode)
 {
-    ENTER(cuStreamBeginCaptureToGraph);
-    BEGIN_CAPTURE(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+    struct begin_args a = {hStream, mode, hGraph, dependencies, dependencyData, numDependencies};
+    return begin_capture(call_begin_graph, &a, REAL(cuStreamBeginCaptureToGraph) != NULL, false,
+                         CD_W_cuStreamBeginCaptureToGraph);
 }
 
-DECLARE_REAL(cuStreamBeginCaptureToGraph_ptsz);
 EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                                          const CUgraphNode *dependencies,
                                                          const CUgraphEdgeData *dependencyData,
                                                          size_t numDependencies,
                                                          CUstreamCaptureMode mode)
 {
-    ENTER(cuStreamBeginCaptureToGraph_ptsz);
-    BEGIN_CAPTURE(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+    struct begin_args a = {hStream, mode, hGraph, dependencies, dependencyData, numDependencies};
+    return begin_capture(call_begin_graph_ptsz, &a,
+                         REAL(cuStreamBeginCaptureToGraph_ptsz) != NULL, true,
+                         CD_W_cuStreamBeginCaptureToGraph_ptsz);
 }
 
-DECLARE_REAL(cuStreamEndCapture);
+typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);
+
+static CUresult end_capture(CUstream s, CUgraph *graph, end_capture_fn real, bool per_thread,
+                            enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    CUresult rc = real(s, graph);
+    cd_capture_ended(s, per_thread, rc);
+    return rc;
+}
+
 EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    ENTER(cuStreamEndCapture);
-    CUresult rc = real(hStream, phGraph);
-    cd_capture_ended(hStream, rc);
-    return rc;
+    return end_capture(hStream, phGraph, REAL(cuStreamEndCapture), false, CD_W_cuStreamEndCapture);
 }
 
-DECLARE_REAL(cuStreamEndCapture_ptsz);
 EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
-    ENTER(cuStreamEndCapture_ptsz);
-    CUresult rc = real(hStream, phGraph);
-    cd_capture_ended(hStream, rc);
+    return end_capture(hStream, phGraph, REAL(cuStreamEndCapture_ptsz), true,
+                       CD_W_cuStreamEndCapture_ptsz);
+}
+
+/* ---- contexts ----------------------------------------------------------------------------- */
+
+/* Every create variant, reduced to one call of the driver's own function. */
+struct create_args {
+    CUcontext *pctx;
+    unsigned flags;
+    CUdevice dev;
+    CUexecAffinityParam *affinity;
+    int naffinity;
+    CUctxCreateParams *params;
+};
+
+static CUresult create_context(CUresult (*call)(const struct create_args *),
+                               const struct create_args *a, bool have_real, enum cd_wrapped w)
+{
+    struct cd_alloc al = {.call = NULL};
+    CUresult rc;
+    if (!have_real)
+        return cd_missing(w);
+    do
+        rc = call(a);
+    while (retry(&al, rc, w));
+    if (rc == CUDA_SUCCESS)
+        cd_context_created(*a->pctx);
     return rc;
 }
 
-/* ---- contexts ---------------------------------------------------------- */
+static CUresult call_create(const struct create_args *a)
+{
+    return REAL(cuCtxCreate)(a->pctx, a->flags, a->dev);
+}
 
-DECLARE_REAL(cuCtxCreate);
+static CUresult call_create_v2(const struct create_args *a)
+{
+    return REAL(cuCtxCreate_v2)(a->pctx, a->flags, a->dev);
+}
+
+static CUresult call_create_v3(const struct create_args *a)
+{
+    return REAL(cuCtxCreate_v3)(a->pctx, a->affinity, a->naffinity, a->flags, a->dev);
+}
+
+static CUresult call_create_v4(const struct create_args *a)
+{
+    return REAL(cuCtxCreate_v4)(a->pctx, a->params, a->flags, a->dev);
+}
+
 EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    ENTER(cuCtxCreate);
-    REAL_THEN(cd_context_created(*pctx), pctx, flags, dev);
+    struct create_args a = {.pctx = pctx, .flags = flags, .dev = dev};
+    return create_context(call_create, &a, REAL(cuCtxCreate) != NULL, CD_W_cuCtxCreate);
 }
 
-DECLARE_REAL(cuCtxCreate_v2);
 EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    ENTER(cuCtxCreate_v2);
-    REAL_THEN(cd_context_created(*pctx), pctx, flags, dev);
+    struct create_args a = {.pctx = pctx, .flags = flags, .dev = dev};
+    return create_context(call_create_v2, &a, REAL(cuCtxCreate_v2) != NULL, CD_W_cuCtxCreate_v2);
 }
 
-DECLARE_REAL(cuCtxCreate_v3);
 EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
                                        int numParams, unsigned int flags, CUdevice dev)
 {
-    ENTER(cuCtxCreate_v3);
-    REAL_THEN(cd_context_created(*pctx), pctx, paramsArray, numParams, flags, dev);
+    struct create_args a = {pctx, flags, dev, paramsArray, numParams, NULL};
+    return create_context(call_create_v3, &a, REAL(cuCtxCreate_v3) != NULL, CD_W_cuCtxCreate_v3);
 }
 
-DECLARE_REAL(cuCtxCreate_v4);
 EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
                                        unsigned int flags, CUdevice dev)
 {
-    ENTER(cuCtxCreate_v4);
-    REAL_THEN(cd_context_created(*pctx), pctx, ctxCreateParams, flags, dev);
+    struct create_args a = {pctx, flags, dev, NULL, 0, ctxCreateParams};
+    return create_context(call_create_v4, &a, REAL(cuCtxCreate_v4) != NULL, CD_W_cuCtxCreate_v4);
 }
 
-DECLARE_REAL(cuCtxDestroy);
+typedef CUresult (*ctx_fn)(CUcontext);
+
+static CUresult destroy_context(CUcontext ctx, ctx_fn real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    cd_context_destroying(ctx);
+    return real(ctx);
+}
+
 EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
 {
-    ENTER(cuCtxDestroy);
-    cd_context_teardown(ctx);
-    return real(ctx);
+    return destroy_context(ctx, REAL(cuCtxDestroy), CD_W_cuCtxDestroy);
 }
 
-DECLARE_REAL(cuCtxDestroy_v2);
 EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 {
-    ENTER(cuCtxDestroy_v2);
-    cd_context_teardown(ctx);
-    return real(ctx);
+    return destroy_context(ctx, REAL(cuCtxDestroy_v2), CD_W_cuCtxDestroy_v2);
 }
 
-DECLARE_REAL(cuDevicePrimaryCtxRetain);
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    ENTER(cuDevicePrimaryCtxRetain);
-    REAL_THEN(cd_primary_retained(dev, *pctx), pctx, dev);
+    __typeof__(&cuDevicePrimaryCtxRetain) real = REAL(cuDevicePrimaryCtxRetain);
+    if (!real)
+        return cd_missing(CD_W_cuDevicePrimaryCtxRetain);
+    CUresult rc = real(pctx, dev);
+    if (rc == CUDA_SUCCESS)
+        cd_primary_retained(dev, *pctx);
+    return rc;
 }
 
-DECLARE_REAL(cuDevicePrimaryCtxRelease);
+typedef CUresult (*dev_fn)(CUdevice);
+
+static CUresult primary_release(CUdevice dev, dev_fn real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    cd_primary_releasing(dev);
+    CUresult rc = real(dev);
+    cd_primary_released(dev);
+    return rc;
+}
+
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    ENTER(cuDevicePrimaryCtxRelease);
-    cd_primary_releasing(dev);
-    return real(dev);
+    return primary_release(dev, REAL(cuDevicePrimaryCtxRelease), CD_W_cuDevicePrimaryCtxRelease);
 }
 
-DECLARE_REAL(cuDevicePrimaryCtxRelease_v2);
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    ENTER(cuDevicePrimaryCtxRelease_v2);
-    cd_primary_releasing(dev);
+    return primary_release(dev, REAL(cuDevicePrimaryCtxRelease_v2),
+                           CD_W_cuDevicePrimaryCtxRelease_v2);
+}
+
+static CUresult primary_reset(CUdevice dev, dev_fn real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    cd_primary_resetting(dev);
     return real(dev);
 }
 
-DECLARE_REAL(cuDevicePrimaryCtxReset);
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    ENTER(cuDevicePrimaryCtxReset);
-    cd_primary_resetting(dev);
-    return real(dev);
+    return primary_reset(dev, REAL(cuDevicePrimaryCtxReset), CD_W_cuDevicePrimaryCtxReset);
 }
 
-DECLARE_REAL(cuDevicePrimaryCtxReset_v2);
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    ENTER(cuDevicePrimaryCtxReset_v2);
-    cd_primary_resetting(dev);
-    return real(dev);
+    return primary_reset(dev, REAL(cuDevicePrimaryCtxReset_v2), CD_W_cuDevicePrimaryCtxReset_v2);
 }
 
-/* ---- entry-point resolvers (interpose.c does the substitution) --------- */
+EXPORT CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)
+{
+    __typeof__(&cuCtxFromGreenCtx) real = REAL(cuCtxFromGreenCtx);
+    if (!real)
+        return cd_missing(CD_W_cuCtxFromGreenCtx);
+    CUresult rc = real(pContext, hCtx);
+    if (rc == CUDA_SUCCESS)
+        cd_green_seen(hCtx, *pContext);
+    return rc;
+}
 
-void *cd_substitute(void *fn, const char *door_name, enum cd_door door);
+EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx)
+{
+    __typeof__(&cuGreenCtxDestroy) real = REAL(cuGreenCtxDestroy);
+    if (!real)
+        return cd_missing(CD_W_cuGreenCtxDestroy);
+    cd_green_destroying(hCtx);
+    CUresult rc = real(hCtx);
+    cd_green_destroyed(hCtx);
+    return rc;
+}
 
-DECLARE_REAL(cuGetProcAddress);
+/* ---- entry-point resolvers (interpose.c does the substitution) ------------------------------ */
+
 EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          cuuint64_t flags)
 {
-    ENTER(cuGetProcAddress);
+    __typeof__(&cuGetProcAddress) real = REAL(cuGetProcAddress);
+    if (!real)
+        return cd_missing(CD_W_cuGetProcAddress);
     CUresult rc = real(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn && *pfn)
         *pfn = cd_substitute(*pfn, symbol, CD_DOOR_PROCADDR);
     return rc;
 }
 
-DECLARE_REAL(cuGetProcAddress_v2);
 EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                             cuuint64_t flags,
                                             CUdriverProcAddressQueryResult *symbolStatus)
 {
-    ENTER(cuGetProcAddress_v2);
+    __typeof__(&cuGetProcAddress_v2) real = REAL(cuGetProcAddress_v2);
+    if (!real)
+        return cd_missing(CD_W_cuGetProcAddress_v2);
     CUresult rc = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (rc == CUDA_SUCCESS && pfn && *pfn)
         *pfn = cd_substitute(*pfn, symbol, CD_DOOR_PROCADDR);
     return rc;
 }
 
-/* ---- the public API ---------------------------------------------------- */
+/* ---- the public API --------------------------------------------------------------------- */
 
 EXPORT int cudefer_flush(void)
 {
@@ -661,72 +1162,10 @@ EXPORT const char *cudefer_version(void)
     return CUDEFER_VERSION_STRING;
 }
 
-/* ---- the table of wrapped names ---------------------------------------- */
+/* ---- the table of wrappers ---------------------------------------------------------------- */
 
-#define WRAP(name) {#name, (void *)name, &real_##name}
-
-const struct cd_wrapper cd_wrappers[] = {
-    WRAP(cuArray3DCreate),
-    WRAP(cuArray3DCreate_v2),
-    WRAP(cuArrayCreate),
-    WRAP(cuArrayCreate_v2),
-    WRAP(cuArrayDestroy),
-    WRAP(cuCtxCreate),
-    WRAP(cuCtxCreate_v2),
-    WRAP(cuCtxCreate_v3),
-    WRAP(cuCtxCreate_v4),
-    WRAP(cuCtxDestroy),
-    WRAP(cuCtxDestroy_v2),
-    WRAP(cuCtxSynchronize),
-    WRAP(cuCtxSynchronize_v2),
-    WRAP(cuDevicePrimaryCtxRelease),
-    WRAP(cuDevicePrimaryCtxRelease_v2),
-    WRAP(cuDevicePrimaryCtxReset),
-    WRAP(cuDevicePrimaryCtxReset_v2),
-    WRAP(cuDevicePrimaryCtxRetain),
-    WRAP(cuGetProcAddress),
-    WRAP(cuGetProcAddress_v2),
-    WRAP(cuLibraryLoadData),
-    WRAP(cuLibraryLoadFromFile),
-    WRAP(cuLibraryUnload),
-    WRAP(cuMemAlloc),
-    WRAP(cuMemAllocAsync),
-    WRAP(cuMemAllocAsync_ptsz),
-    WRAP(cuMemAllocFromPoolAsync),
-    WRAP(cuMemAllocFromPoolAsync_ptsz),
-    WRAP(cuMemAllocHost),
-    WRAP(cuMemAllocHost_v2),
-    WRAP(cuMemAllocManaged),
-    WRAP(cuMemAllocPitch),
-    WRAP(cuMemAllocPitch_v2),
-    WRAP(cuMemAlloc_v2),
-    WRAP(cuMemCreate),
-    WRAP(cuMemFree),
-    WRAP(cuMemFreeHost),
-    WRAP(cuMemFree_v2),
-    WRAP(cuMemHostAlloc),
-    WRAP(cuMemHostRegister),
-    WRAP(cuMemHostRegister_v2),
-    WRAP(cuMemHostUnregister),
-    WRAP(cuMipmappedArrayCreate),
-    WRAP(cuMipmappedArrayDestroy),
-    WRAP(cuModuleLoad),
-    WRAP(cuModuleLoadData),
-    WRAP(cuModuleLoadDataEx),
-    WRAP(cuModuleLoadFatBinary),
-    WRAP(cuModuleUnload),
-    WRAP(cuStreamBeginCapture),
-    WRAP(cuStreamBeginCaptureToGraph),
-    WRAP(cuStreamBeginCaptureToGraph_ptsz),
-    WRAP(cuStreamBeginCapture_ptsz),
-    WRAP(cuStreamBeginCapture_v2),
-    WRAP(cuStreamBeginCapture_v2_ptsz),
-    WRAP(cuStreamCreate),
-    WRAP(cuStreamCreateWithPriority),
-    WRAP(cuStreamDestroy),
-    WRAP(cuStreamDestroy_v2),
-    WRAP(cuStreamEndCapture),
-    WRAP(cuStreamEndCapture_ptsz),
+void *const cd_wrappers[CD_WRAPPED_COUNT] = {
+#define CD_WRAP(name) (void *)name,
+#include "wrapped.h"
+#undef CD_WRAP
 };
-
-const size_t cd_wrapper_count = sizeof cd_wrappers / sizeof cd_wrappers[0];

@@ -1,42 +1,38 @@
-/* capture.c - the capture gate.
- *
- * While any stream capture is live the engine records no event in a context
- * and queues releases unfenced. A fence announces itself in fences_active
- * before it looks at captures_live; a capture raises captures_live, then
- * waits for the fences already announced (each takes microseconds) before
- * the real cuStreamBeginCapture. Sequentially consistent atomics make the
- * two never miss each other. When the last capture ends, what was queued
- * meanwhile is fenced.
- */
-#include "engine.h"
-#include "lifecycle.h"
+/* capture.c - the capture gate and the table of live captures. */
+#include "capture.h"
 
-#include "backends.h"
-#include "contexts.h"
-#include "driver.h"
+#include "engine.h"
 #include "log.h"
-#include "options.h"
-#include "queue.h"
-#include "registry.h"
-#include "stats.h"
+#include "driver.h"
+#include "retire.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 
 static _Atomic int captures_live;
 static _Atomic int fences_active;
-static pthread_mutex_t capturing_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#define MAX_CAPTURES 256
-/* The capturing streams, with their contexts: a capture also ends when its
- * stream or its context is destroyed. */
-static struct {
+/* A live capture: the stream as the program named it, made canonical (the
+ * per-thread default stream is CU_STREAM_PER_THREAD plus its thread), and
+ * its context. */
+struct capture {
     CUstream stream;
+    pthread_t thread;
     CUcontext ctx;
-} capturing[MAX_CAPTURES];
-static size_t ncapturing;
+};
 
-bool cd_fence_enter(void)
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct capture *table;
+static size_t ntable, cap_table;
+static atomic_flag full_logged = ATOMIC_FLAG_INIT;
+
+/* Per-thread captures end with their thread. */
+static pthread_key_t thread_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+
+bool cd_gate_enter(void)
 {
     atomic_fetch_add(&fences_active, 1);
     if (atomic_load(&captures_live) == 0)
@@ -45,15 +41,20 @@ bool cd_fence_enter(void)
     return false;
 }
 
-void cd_fence_exit(void)
+void cd_gate_exit(void)
 {
     atomic_fetch_sub(&fences_active, 1);
 }
 
-static void capture_done(void)
+bool cd_capture_live(void)
 {
-    if (atomic_fetch_sub(&captures_live, 1) == 1)
-        cd_fence_backlogs();
+    return atomic_load(&captures_live) != 0;
+}
+
+static void capture_done(int n)
+{
+    if (n > 0 && atomic_fetch_sub(&captures_live, n) == n)
+        cd_retire_backlog();
 }
 
 void cd_capture_begin(void)
@@ -63,62 +64,129 @@ void cd_capture_begin(void)
         sched_yield();
 }
 
-void cd_capture_begun(CUstream stream, CUresult rc)
+static CUstream canonical(CUstream stream, bool per_thread)
 {
-    if (rc != CUDA_SUCCESS) {
-        capture_done();
-        return;
-    }
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    CUcontext ctx = NULL;
-    /* The stream's own context; the current one only for the default
-     * stream handles, which name no stream object. */
-    if (ops && (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
-                ops->stream_get_ctx(stream, &ctx) != CUDA_SUCCESS))
-        ops->ctx_get_current(&ctx);
-    pthread_mutex_lock(&capturing_lock);
-    bool kept = ncapturing < MAX_CAPTURES;
-    if (kept) {
-        capturing[ncapturing].stream = stream;
-        capturing[ncapturing++].ctx = ctx;
-    }
-    pthread_mutex_unlock(&capturing_lock);
-    if (!kept)
-        cd_log(CD_LOG_ERROR, "more than %d live captures: releases stay queued until a flush",
-               MAX_CAPTURES);
+    if (stream == CU_STREAM_PER_THREAD || (stream == NULL && per_thread))
+        return CU_STREAM_PER_THREAD;
+    return stream ? stream : CU_STREAM_LEGACY;
 }
 
-/* Forgets the captures of stream (or, with stream NULL, of every stream of
- * ctx); each one forgotten ends. */
+static void thread_gone(void *arg);
+
+static void make_key(void)
+{
+    pthread_key_create(&thread_key, thread_gone);
+}
+
+/* The context of a capture: the stream's own, the current one for the
+ * default streams. */
+static CUcontext context_of(CUstream stream)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUcontext ctx = NULL;
+    if (!ops)
+        return NULL;
+    if (stream == CU_STREAM_PER_THREAD || stream == CU_STREAM_LEGACY ||
+        ops->stream_get_ctx(stream, &ctx) != CUDA_SUCCESS)
+        ops->ctx_get_current(&ctx);
+    return ctx;
+}
+
+void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
+{
+    if (rc != CUDA_SUCCESS) {
+        capture_done(1);
+        return;
+    }
+    struct capture c = {canonical(stream, per_thread), pthread_self(), NULL};
+    c.ctx = context_of(c.stream);
+    pthread_mutex_lock(&table_lock);
+    if (ntable == cap_table) {
+        size_t cap = cap_table ? cap_table * 2 : 16;
+        struct capture *p = realloc(table, cap * sizeof *p);
+        if (p) {
+            table = p;
+            cap_table = cap;
+        }
+    }
+    bool kept = ntable < cap_table;
+    if (kept)
+        table[ntable++] = c;
+    pthread_mutex_unlock(&table_lock);
+    if (c.stream == CU_STREAM_PER_THREAD && kept) {
+        pthread_once(&key_once, make_key);
+        pthread_setspecific(thread_key, (void *)1);
+    }
+    if (kept)
+        return;
+    /* Out of memory for the table: the capture is not counted, so that the
+     * gate cannot stay shut for good. Fences made during it may invalidate
+     * it, which the program sees as a failed capture. */
+    if (!atomic_flag_test_and_set(&full_logged))
+        cd_log(CD_LOG_ERROR, "out of memory for the table of captures: a capture is not "
+               "guarded and may be invalidated");
+    capture_done(1);
+}
+
+static bool matches(const struct capture *c, CUstream stream, CUcontext ctx)
+{
+    if (ctx)
+        return c->ctx == ctx;
+    if (c->stream != stream)
+        return false;
+    return stream != CU_STREAM_PER_THREAD || pthread_equal(c->thread, pthread_self());
+}
+
+/* Ends the captures of stream (the first match) or, with ctx, all of
+ * ctx's. */
 static void forget(CUstream stream, CUcontext ctx)
 {
     int ended = 0;
-    pthread_mutex_lock(&capturing_lock);
-    for (size_t i = 0; i < ncapturing;) {
-        bool match = stream ? capturing[i].stream == stream : capturing[i].ctx == ctx;
-        if (match && (stream || ctx)) {
-            capturing[i] = capturing[--ncapturing];
-            ended++;
-            if (stream)
-                break;
-        } else {
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < ntable;) {
+        if (!matches(&table[i], stream, ctx)) {
             i++;
+            continue;
         }
+        table[i] = table[--ntable];
+        ended++;
+        if (!ctx)
+            break;
     }
-    pthread_mutex_unlock(&capturing_lock);
-    while (ended--)
-        capture_done();
+    pthread_mutex_unlock(&table_lock);
+    capture_done(ended);
 }
 
-void cd_capture_ended(CUstream stream, CUresult rc)
+/* Whether stream has stopped capturing, as the driver says; asked in the
+ * relaxed capture mode, which never invalidates a capture. */
+static bool stopped(CUstream stream)
 {
-    (void)rc; /* an invalidated capture has ended too */
-    forget(stream, NULL);
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (!ops || !ops->stream_is_capturing)
+        return false;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = ops->exchange_capture_mode(&mode) == CUDA_SUCCESS;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CUresult rc = ops->stream_is_capturing(stream, &status);
+    if (relaxed)
+        ops->exchange_capture_mode(&mode);
+    return rc != CUDA_SUCCESS || status == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+void cd_capture_ended(CUstream stream, bool per_thread, CUresult rc)
+{
+    CUstream canon = canonical(stream, per_thread);
+    /* Success, or an invalidated capture that the end closed. Other errors
+     * (the wrong thread ending a global capture, a stream that was not
+     * capturing) leave a live capture live: the driver says. */
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+        rc == CUDA_ERROR_STREAM_CAPTURE_UNMATCHED || stopped(canon))
+        forget(canon, NULL);
 }
 
 void cd_capture_stream_gone(CUstream stream)
 {
-    if (stream)
+    if (stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD)
         forget(stream, NULL);
 }
 
@@ -128,10 +196,45 @@ void cd_capture_context_gone(CUcontext ctx)
         forget(NULL, ctx);
 }
 
+static void thread_gone(void *arg)
+{
+    (void)arg;
+    int ended = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < ntable;) {
+        if (table[i].stream == CU_STREAM_PER_THREAD &&
+            pthread_equal(table[i].thread, pthread_self())) {
+            table[i] = table[--ntable];
+            ended++;
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    capture_done(ended);
+}
+
+void cd_capture_check(void)
+{
+    if (atomic_load(&captures_live) == 0)
+        return;
+    /* Streams the program created can be asked from any thread. */
+    CUstream streams[64];
+    size_t n = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < ntable && n < 64; i++)
+        if (table[i].stream != CU_STREAM_PER_THREAD && table[i].stream != CU_STREAM_LEGACY)
+            streams[n++] = table[i].stream;
+    pthread_mutex_unlock(&table_lock);
+    for (size_t i = 0; i < n; i++)
+        if (stopped(streams[i]))
+            forget(streams[i], NULL);
+}
+
 void cd_capture_reset(void)
 {
-    pthread_mutex_init(&capturing_lock, NULL);
-    ncapturing = 0;
+    pthread_mutex_init(&table_lock, NULL);
+    ntable = 0;
     atomic_store(&captures_live, 0);
     atomic_store(&fences_active, 0);
 }

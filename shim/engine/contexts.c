@@ -1,30 +1,136 @@
-/* contexts.c - per-context state: slots, private stream, fences, events. */
+/* contexts.c - context slots: the table, lifetime, private objects, green
+ * context aliases, spare events, and the scope of the engine's own calls. */
 #include "contexts.h"
 
 #include "driver.h"
-#include "lifecycle.h"
 #include "log.h"
+#include "process.h"
 
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct cd_ctx cd_contexts[CD_MAX_CONTEXTS];
+/* Slots come in chunks that are never freed. 65,536 contexts at a time are
+ * far more than a process can create; past that a context's releases pass
+ * through, and that is logged once. */
+#define CHUNK 64
+#define MAX_CHUNKS 1024
+static struct cd_ctx *_Atomic chunks[MAX_CHUNKS];
+static _Atomic int nslots;
 static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_flag full_logged = ATOMIC_FLAG_INIT;
 
 /* Spare events made when a context is first seen, so that releases rarely
  * create one. */
 #define PREFILL_EVENTS 16
 
+static struct cd_ctx *slot(int i)
+{
+    return &atomic_load_explicit(&chunks[i / CHUNK], memory_order_acquire)[i % CHUNK];
+}
+
+void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
+{
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&slot(i)->state) == CD_CTX_READY)
+            fn(slot(i), arg);
+}
+
+/* ---- green context aliases ------------------------------------------------ */
+
+static pthread_mutex_t alias_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cd_alias *aliases;
+static size_t naliases, cap_aliases;
+static _Atomic size_t live_aliases;
+
+void cd_ctx_alias_add(const struct cd_alias *a)
+{
+    pthread_mutex_lock(&alias_lock);
+    for (size_t i = 0; i < naliases; i++) {
+        if (aliases[i].green == a->green) {
+            pthread_mutex_unlock(&alias_lock);
+            return;
+        }
+    }
+    if (naliases == cap_aliases) {
+        size_t cap = cap_aliases ? cap_aliases * 2 : 8;
+        struct cd_alias *p = realloc(aliases, cap * sizeof *p);
+        if (p) {
+            aliases = p;
+            cap_aliases = cap;
+        }
+    }
+    if (naliases < cap_aliases) {
+        aliases[naliases++] = *a;
+        atomic_store(&live_aliases, naliases);
+    }
+    pthread_mutex_unlock(&alias_lock);
+}
+
+bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a)
+{
+    bool found = false;
+    pthread_mutex_lock(&alias_lock);
+    for (size_t i = 0; i < naliases && !found; i++) {
+        if (aliases[i].green == g) {
+            *a = aliases[i];
+            aliases[i] = aliases[--naliases];
+            found = true;
+        }
+    }
+    atomic_store(&live_aliases, naliases);
+    pthread_mutex_unlock(&alias_lock);
+    return found;
+}
+
+/* The context whose slot serves ctx: the primary one for a green one. */
+static CUcontext resolve(CUcontext ctx)
+{
+    if (!ctx || atomic_load_explicit(&live_aliases, memory_order_relaxed) == 0)
+        return ctx;
+    pthread_mutex_lock(&alias_lock);
+    for (size_t i = 0; i < naliases; i++) {
+        if (aliases[i].ctx == ctx) {
+            ctx = aliases[i].primary;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&alias_lock);
+    return ctx;
+}
+
+/* ---- finding slots ------------------------------------------------------- */
+
+/* The last slot this thread found, checked before the table is searched. */
+static _Thread_local struct {
+    CUcontext handle;
+    struct cd_ctx *slot;
+    unsigned gen;
+} last;
+
+static bool serves(struct cd_ctx *c, CUcontext ctx)
+{
+    return atomic_load_explicit(&c->handle, memory_order_acquire) == ctx &&
+           atomic_load_explicit(&c->state, memory_order_acquire) == CD_CTX_READY;
+}
+
 struct cd_ctx *cd_ctx_find(CUcontext ctx)
 {
+    ctx = resolve(ctx);
     if (!ctx)
         return NULL;
-    for (int i = 0; i < CD_MAX_CONTEXTS; i++) {
-        struct cd_ctx *cs = &cd_contexts[i];
-        if (atomic_load_explicit(&cs->handle, memory_order_acquire) == ctx &&
-            atomic_load_explicit(&cs->state, memory_order_acquire) == CD_CTX_READY)
-            return cs;
+    if (last.handle == ctx && serves(last.slot, ctx) && atomic_load(&last.slot->gen) == last.gen)
+        return last.slot;
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++) {
+        struct cd_ctx *c = slot(i);
+        if (serves(c, ctx)) {
+            last.handle = ctx;
+            last.slot = c;
+            last.gen = atomic_load(&c->gen);
+            return c;
+        }
     }
     return NULL;
 }
@@ -37,6 +143,20 @@ struct cd_ctx *cd_ctx_current(void)
         return NULL;
     return cd_ctx_find(ctx);
 }
+
+struct cd_ctx *cd_ctx_primary(CUdevice dev)
+{
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++) {
+        struct cd_ctx *c = slot(i);
+        int st = atomic_load(&c->state);
+        if ((st == CD_CTX_READY || st == CD_CTX_CLOSING) && c->primary && c->device == dev)
+            return c;
+    }
+    return NULL;
+}
+
+/* ---- scope ----------------------------------------------------------------- */
 
 void cd_scope_enter(struct cd_scope *sc, CUcontext ctx, bool relaxed)
 {
@@ -68,22 +188,61 @@ void cd_scope_leave(struct cd_scope *sc)
     }
 }
 
-/* Claims a free slot for ctx, or finds the slot another thread claimed. */
+/* ---- set-up ---------------------------------------------------------------- */
+
+static void init_slot(struct cd_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->drain_lock, NULL);
+    pthread_mutex_init(&c->pool_lock, NULL);
+    pthread_mutex_init(&c->streams_lock, NULL);
+    cd_list_init(&c->deferred);
+    cd_list_init(&c->inflight);
+    cd_list_init(&c->watches);
+}
+
+/* A FREE slot, from the table or a new chunk; under claim_lock. */
+static struct cd_ctx *spare_slot(void)
+{
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&slot(i)->state) == CD_CTX_FREE)
+            return slot(i);
+    if (n % CHUNK == 0) {
+        if (n / CHUNK >= MAX_CHUNKS)
+            return NULL;
+        struct cd_ctx *chunk = malloc(CHUNK * sizeof *chunk);
+        if (!chunk)
+            return NULL;
+        for (int i = 0; i < CHUNK; i++)
+            init_slot(&chunk[i]);
+        atomic_store_explicit(&chunks[n / CHUNK], chunk, memory_order_release);
+    }
+    atomic_store(&nslots, n + 1);
+    return slot(n);
+}
+
+/* Claims a slot for ctx, or finds the one another thread claimed. NULL
+ * also while ctx's slot is closing (a primary release under way): the
+ * context may be about to go, and one context never gets two slots. */
 static struct cd_ctx *claim(CUcontext ctx, bool *mine)
 {
-    struct cd_ctx *found = NULL, *spare = NULL;
-    pthread_mutex_lock(&claim_lock);
-    for (int i = 0; i < CD_MAX_CONTEXTS && !found; i++) {
-        struct cd_ctx *cs = &cd_contexts[i];
-        int st = atomic_load(&cs->state);
-        if (atomic_load(&cs->handle) == ctx && (st == CD_CTX_READY || st == CD_CTX_SETUP))
-            found = cs;
-        else if (!spare && st == CD_CTX_FREE)
-            spare = cs;
-    }
+    struct cd_ctx *found = NULL;
+    bool closing = false;
     *mine = false;
-    if (!found && spare) {
-        found = spare;
+    pthread_mutex_lock(&claim_lock);
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n && !found && !closing; i++) {
+        struct cd_ctx *c = slot(i);
+        int st = atomic_load(&c->state);
+        if (atomic_load(&c->handle) != ctx)
+            continue;
+        if (st == CD_CTX_READY || st == CD_CTX_SETUP)
+            found = c;
+        closing = st == CD_CTX_CLOSING;
+    }
+    if (!found && !closing && (found = spare_slot())) {
         *mine = true;
         atomic_store(&found->handle, ctx);
         atomic_store(&found->state, CD_CTX_SETUP);
@@ -92,297 +251,237 @@ static struct cd_ctx *claim(CUcontext ctx, bool *mine)
     return found;
 }
 
-static void fill_pool(struct cd_ctx *cs, const struct cd_driver_ops *ops)
+static void fill_pool(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
     for (int i = 0; i < PREFILL_EVENTS; i++) {
         CUevent ev;
         if (ops->event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
             return;
-        cd_ctx_event_put(cs, ev);
+        cd_ctx_event_put(c, ev);
     }
 }
 
-/* Pays the driver's one-time set-up of cuMemFreeAsync on plain device
+/* Pays the driver's one-time set-up of stream-ordered frees of plain device
  * memory (about 10 ms measured) now rather than in the first release.
  * Waits for the private stream only, which holds nothing else yet. */
-static void warm_up(struct cd_ctx *cs, const struct cd_driver_ops *ops)
+static void warm_up(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
     CUdeviceptr p;
     if (ops->mem_alloc(&p, 256) != CUDA_SUCCESS)
         return;
-    ops->mem_free_async(p, cs->priv);
-    ops->stream_synchronize(cs->priv);
+    ops->mem_free_async(p, c->priv);
+    ops->stream_synchronize(c->priv);
 }
 
-static bool setup(struct cd_ctx *cs, CUcontext ctx, const struct cd_driver_ops *ops)
+/* Whether ctx is the primary context of its device: asked without changing
+ * its reference count when it is active (a retain and a release), and never
+ * when it is not (a retain would create it). */
+static bool is_primary(CUcontext ctx, CUdevice dev, const struct cd_driver_ops *ops)
 {
-    int version = 0;
-    ops->driver_get_version(&version);
-    cs->ctx_record = version >= 12050 && ops->ctx_record_event;
+    unsigned flags;
+    int active = 0;
+    CUcontext p = NULL;
+    if (ops->primary_get_state(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+        ops->primary_retain(&p, dev) != CUDA_SUCCESS)
+        return false;
+    ops->primary_release(dev);
+    return p == ctx;
+}
+
+static bool setup(struct cd_ctx *c, CUcontext ctx, const struct cd_driver_ops *ops)
+{
+    c->ctx_record = cd_driver_version() >= 12050 && ops->ctx_record_event;
     /* Before 12.5 the fence is made of events on the program's streams; a
      * blocking private stream then also follows the legacy stream. */
-    unsigned flags = cs->ctx_record ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
-    if (ops->ctx_get_device(&cs->device) != CUDA_SUCCESS ||
-        ops->stream_create(&cs->priv, flags) != CUDA_SUCCESS)
+    unsigned flags = c->ctx_record ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
+    if (ops->ctx_get_device(&c->device) != CUDA_SUCCESS ||
+        ops->stream_create(&c->priv, flags) != CUDA_SUCCESS)
         return false;
-    if (ops->event_create(&cs->fence, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-        ops->stream_destroy(cs->priv);
+    if (ops->stream_create(&c->spare, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        ops->stream_destroy(c->priv);
         return false;
     }
-    fill_pool(cs, ops);
-    warm_up(cs, ops);
-    cd_log(CD_LOG_INFO, "context %p: private stream ready (fence: %s)", (void *)ctx,
-           cs->ctx_record ? "cuCtxRecordEvent" : "events on the program's streams");
+    if (ops->event_create(&c->fence, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        ops->stream_destroy(c->spare);
+        ops->stream_destroy(c->priv);
+        return false;
+    }
+    c->primary = is_primary(ctx, c->device, ops);
+    fill_pool(c, ops);
+    warm_up(c, ops);
+    cd_log(CD_LOG_INFO, "context %p%s: private streams ready (fence: %s)", (void *)ctx,
+           c->primary ? " (primary)" : "",
+           c->ctx_record ? "cuCtxRecordEvent" : "events on the program's streams");
     return true;
 }
 
 struct cd_ctx *cd_ctx_get(CUcontext ctx)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
+    ctx = resolve(ctx);
     if (!ctx || !ops)
         return NULL;
-    struct cd_ctx *cs = cd_ctx_find(ctx);
-    if (cs)
-        return cs;
+    struct cd_ctx *c = cd_ctx_find(ctx);
+    if (c)
+        return c;
     bool mine;
-    cs = claim(ctx, &mine);
-    if (!cs) {
-        cd_log(CD_LOG_ERROR, "more than %d contexts: releases in context %p pass through",
-               CD_MAX_CONTEXTS, (void *)ctx);
+    c = claim(ctx, &mine);
+    if (!c && atomic_load(&nslots) < CHUNK * MAX_CHUNKS)
+        return NULL;
+    if (!c) {
+        if (!atomic_flag_test_and_set(&full_logged))
+            cd_log(CD_LOG_ERROR, "more than %d contexts at once: releases in further contexts "
+                   "pass through", CHUNK * MAX_CHUNKS);
         return NULL;
     }
     if (!mine) {
         /* Another thread is setting this context up (milliseconds). */
-        while (atomic_load(&cs->state) == CD_CTX_SETUP)
+        while (atomic_load(&c->state) == CD_CTX_SETUP)
             sched_yield();
-        return atomic_load(&cs->state) == CD_CTX_READY ? cs : NULL;
+        return cd_ctx_find(ctx);
     }
-    cd_lifecycle_start();
+    cd_process_start();
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
-    bool ok = setup(cs, ctx, ops);
+    bool ok = setup(c, ctx, ops);
     cd_scope_leave(&sc);
     if (!ok) {
-        cd_log(CD_LOG_ERROR, "context %p: cannot make a private stream; its releases pass through",
-               (void *)ctx);
-        atomic_store(&cs->handle, NULL);
-        atomic_store(&cs->state, CD_CTX_FREE);
+        cd_log(CD_LOG_ERROR, "context %p: cannot make private streams; its releases pass "
+               "through", (void *)ctx);
+        atomic_store(&c->handle, NULL);
+        atomic_store(&c->state, CD_CTX_FREE);
         return NULL;
     }
-    atomic_store(&cs->state, CD_CTX_READY);
-    return cs;
+    atomic_store(&c->state, CD_CTX_READY);
+    return c;
 }
 
-CUresult cd_ctx_event_get(struct cd_ctx *cs, CUevent *ev)
+/* ---- lifetime -------------------------------------------------------------- */
+
+bool cd_ctx_enter(struct cd_ctx *c, unsigned gen)
 {
-    pthread_mutex_lock(&cs->pool_lock);
-    bool have = cs->nevents > 0;
+    atomic_fetch_add(&c->users, 1);
+    if (atomic_load(&c->state) == CD_CTX_READY && atomic_load(&c->gen) == gen)
+        return true;
+    atomic_fetch_sub(&c->users, 1);
+    return false;
+}
+
+bool cd_ctx_enter_any(struct cd_ctx *c, unsigned *gen)
+{
+    *gen = atomic_load(&c->gen);
+    return cd_ctx_enter(c, *gen);
+}
+
+void cd_ctx_exit(struct cd_ctx *c)
+{
+    atomic_fetch_sub(&c->users, 1);
+}
+
+void cd_ctx_close(struct cd_ctx *c)
+{
+    atomic_store(&c->state, CD_CTX_CLOSING);
+    while (atomic_load(&c->users) != 0)
+        sched_yield();
+}
+
+void cd_ctx_reopen(struct cd_ctx *c)
+{
+    atomic_store(&c->state, CD_CTX_READY);
+}
+
+static void forget_events(struct cd_ctx *c, const struct cd_driver_ops *ops, bool alive)
+{
+    pthread_mutex_lock(&c->pool_lock);
+    for (size_t i = 0; alive && i < c->nevents; i++)
+        ops->event_destroy(c->events[i]);
+    free(c->events);
+    c->events = NULL;
+    c->nevents = c->cap_events = 0;
+    pthread_mutex_unlock(&c->pool_lock);
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; alive && i < c->nstreams; i++)
+        ops->event_destroy(c->streams[i].event);
+    for (size_t i = 0; alive && i < c->nfinals; i++)
+        ops->event_destroy(c->finals[i]);
+    free(c->streams);
+    free(c->finals);
+    c->streams = NULL;
+    c->finals = NULL;
+    c->nstreams = c->cap_streams = c->nfinals = c->cap_finals = 0;
+    pthread_mutex_unlock(&c->streams_lock);
+}
+
+void cd_ctx_release(struct cd_ctx *c, bool alive)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    forget_events(c, ops, alive && ops);
+    if (alive && ops) {
+        ops->event_destroy(c->fence);
+        ops->stream_destroy(c->spare);
+        ops->stream_destroy(c->priv);
+    }
+    c->fence = NULL;
+    c->priv = c->spare = NULL;
+    c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
+    c->claims = 0;
+    atomic_store(&c->sticky, false);
+    c->primary = false;
+    atomic_fetch_add(&c->gen, 1);
+    atomic_store(&c->handle, NULL);
+    atomic_store(&c->state, CD_CTX_FREE);
+}
+
+/* ---- spare events ---------------------------------------------------------- */
+
+CUresult cd_ctx_event_get(struct cd_ctx *c, CUevent *ev)
+{
+    pthread_mutex_lock(&c->pool_lock);
+    bool have = c->nevents > 0;
     if (have)
-        *ev = cs->events[--cs->nevents];
-    pthread_mutex_unlock(&cs->pool_lock);
+        *ev = c->events[--c->nevents];
+    pthread_mutex_unlock(&c->pool_lock);
     if (have)
         return CUDA_SUCCESS;
     return cd_driver_ops()->event_create(ev, CU_EVENT_DISABLE_TIMING);
 }
 
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, n * elem);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = n;
-    return true;
-}
-
-void cd_ctx_event_put(struct cd_ctx *cs, CUevent ev)
+void cd_ctx_event_put(struct cd_ctx *c, CUevent ev)
 {
     if (!ev)
         return;
-    pthread_mutex_lock(&cs->pool_lock);
-    bool kept = grow((void **)&cs->events, &cs->cap_events, cs->nevents + 1, sizeof(CUevent));
+    pthread_mutex_lock(&c->pool_lock);
+    bool kept = c->nevents < c->cap_events;
+    if (!kept) {
+        size_t cap = c->cap_events ? c->cap_events * 2 : 32;
+        CUevent *p = realloc(c->events, cap * sizeof *p);
+        if (p) {
+            c->events = p;
+            c->cap_events = cap;
+            kept = true;
+        }
+    }
     if (kept)
-        cs->events[cs->nevents++] = ev;
-    pthread_mutex_unlock(&cs->pool_lock);
+        c->events[c->nevents++] = ev;
+    pthread_mutex_unlock(&c->pool_lock);
     if (!kept)
         cd_driver_ops()->event_destroy(ev);
 }
 
-bool cd_ctx_enter(struct cd_ctx *cs)
-{
-    atomic_fetch_add(&cs->users, 1);
-    if (atomic_load(&cs->state) == CD_CTX_READY)
-        return true;
-    atomic_fetch_sub(&cs->users, 1);
-    return false;
-}
-
-void cd_ctx_exit(struct cd_ctx *cs)
-{
-    atomic_fetch_sub(&cs->users, 1);
-}
-
-/* Before 12.5: an event on each stream the program made in c, and the
- * final events of destroyed ones. Event records and waits do not wait. */
-static CUresult fence_streams(struct cd_ctx *cs, struct cd_ctx *c,
-                              const struct cd_driver_ops *ops)
-{
-    CUresult rc = CUDA_SUCCESS;
-    pthread_mutex_lock(&c->streams_lock);
-    for (size_t i = 0; i < c->nstreams && rc == CUDA_SUCCESS; i++) {
-        rc = ops->event_record(c->streams[i].event, c->streams[i].stream);
-        if (rc == CUDA_SUCCESS)
-            rc = ops->stream_wait_event(cs->priv, c->streams[i].event, 0);
-    }
-    for (size_t i = 0; i < c->nfinals && rc == CUDA_SUCCESS; i++)
-        rc = ops->stream_wait_event(cs->priv, c->finals[i], 0);
-    pthread_mutex_unlock(&c->streams_lock);
-    return rc;
-}
-
-/* Makes cs's private stream wait for the work submitted so far in c. */
-static CUresult fence_one(struct cd_ctx *cs, struct cd_ctx *c, const struct cd_driver_ops *ops)
-{
-    if (!c->ctx_record)
-        return fence_streams(cs, c, ops);
-    CUresult rc = ops->ctx_record_event(atomic_load(&c->handle), c->fence);
-    return rc == CUDA_SUCCESS ? ops->stream_wait_event(cs->priv, c->fence, 0) : rc;
-}
-
-CUresult cd_ctx_fence(struct cd_ctx *cs, CUevent *done)
-{
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    CUresult rc = fence_one(cs, cs, ops);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    /* Other contexts: an error there (a context that faulted runs nothing
-     * more) does not stop this release. */
-    for (int i = 0; i < CD_MAX_CONTEXTS; i++) {
-        struct cd_ctx *c = &cd_contexts[i];
-        if (c == cs || atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter(c))
-            continue;
-        CUresult other = fence_one(cs, c, ops);
-        cd_ctx_exit(c);
-        if (other != CUDA_SUCCESS)
-            cd_log(CD_LOG_DEBUG, "fence over context %p: error %d",
-                   (void *)atomic_load(&c->handle), (int)other);
-    }
-    if (!done)
-        return CUDA_SUCCESS;
-    rc = cd_ctx_event_get(cs, done);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = ops->event_record(*done, cs->priv);
-    if (rc != CUDA_SUCCESS) {
-        cd_ctx_event_put(cs, *done);
-        *done = NULL;
-    }
-    return rc;
-}
-
-void cd_ctx_stream_add(struct cd_ctx *cs, CUstream s)
-{
-    CUevent ev;
-    if (cs->ctx_record || cd_driver_ops()->event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-        return;
-    pthread_mutex_lock(&cs->streams_lock);
-    bool ok = grow((void **)&cs->streams, &cs->cap_streams, cs->nstreams + 1,
-                   sizeof cs->streams[0]);
-    if (ok)
-        cs->streams[cs->nstreams++] = (struct cd_tracked){s, ev};
-    pthread_mutex_unlock(&cs->streams_lock);
-    if (!ok)
-        cd_driver_ops()->event_destroy(ev);
-}
-
-void cd_ctx_stream_remove(struct cd_ctx *cs, CUstream s)
-{
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    if (cs->ctx_record)
-        return;
-    pthread_mutex_lock(&cs->streams_lock);
-    for (size_t i = 0; i < cs->nstreams; i++) {
-        if (cs->streams[i].stream != s)
-            continue;
-        CUevent ev = cs->streams[i].event;
-        /* The stream may still run work after its destroy returns: later
-         * fences wait for this final record until it completes. */
-        if (ops->event_record(ev, s) == CUDA_SUCCESS &&
-            grow((void **)&cs->finals, &cs->cap_finals, cs->nfinals + 1, sizeof(CUevent)))
-            cs->finals[cs->nfinals++] = ev;
-        else
-            ops->event_destroy(ev);
-        cs->streams[i] = cs->streams[--cs->nstreams];
-        break;
-    }
-    pthread_mutex_unlock(&cs->streams_lock);
-}
-
-void cd_ctx_prune_finals(struct cd_ctx *cs)
-{
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    pthread_mutex_lock(&cs->streams_lock);
-    for (size_t i = 0; i < cs->nfinals;) {
-        if (ops->event_query(cs->finals[i]) == CUDA_SUCCESS) {
-            ops->event_destroy(cs->finals[i]);
-            cs->finals[i] = cs->finals[--cs->nfinals];
-        } else {
-            i++;
-        }
-    }
-    pthread_mutex_unlock(&cs->streams_lock);
-}
-
-void cd_ctx_release_slot(struct cd_ctx *cs)
-{
-    const struct cd_driver_ops *ops = cd_driver_ops();
-    pthread_mutex_lock(&cs->pool_lock);
-    for (size_t i = 0; i < cs->nevents; i++)
-        ops->event_destroy(cs->events[i]);
-    free(cs->events);
-    cs->events = NULL;
-    cs->nevents = cs->cap_events = 0;
-    pthread_mutex_unlock(&cs->pool_lock);
-    pthread_mutex_lock(&cs->streams_lock);
-    for (size_t i = 0; i < cs->nstreams; i++)
-        ops->event_destroy(cs->streams[i].event);
-    for (size_t i = 0; i < cs->nfinals; i++)
-        ops->event_destroy(cs->finals[i]);
-    free(cs->streams);
-    free(cs->finals);
-    cs->streams = NULL;
-    cs->finals = NULL;
-    cs->nstreams = cs->cap_streams = cs->nfinals = cs->cap_finals = 0;
-    pthread_mutex_unlock(&cs->streams_lock);
-    ops->event_destroy(cs->fence);
-    ops->stream_destroy(cs->priv);
-    cs->fence = NULL;
-    cs->priv = NULL;
-    atomic_store(&cs->deferred_bytes, 0);
-    atomic_store(&cs->cached_device, 0);
-    atomic_store(&cs->cached_entries, 0);
-    atomic_store(&cs->deferred_entries, 0);
-    atomic_store(&cs->over_limit, false);
-    atomic_store(&cs->handle, NULL);
-    atomic_store(&cs->state, CD_CTX_FREE);
-}
+/* ---- a forked child ---------------------------------------------------------- */
 
 void cd_contexts_reset(void)
 {
     pthread_mutex_init(&claim_lock, NULL);
-    for (int i = 0; i < CD_MAX_CONTEXTS; i++) {
-        struct cd_ctx *cs = &cd_contexts[i];
-        memset(cs, 0, sizeof *cs);
-        pthread_mutex_init(&cs->lock, NULL);
-        pthread_mutex_init(&cs->pool_lock, NULL);
-        pthread_mutex_init(&cs->streams_lock, NULL);
+    pthread_mutex_init(&alias_lock, NULL);
+    naliases = 0;
+    atomic_store(&live_aliases, 0);
+    last.handle = NULL;
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++) {
+        struct cd_ctx *c = slot(i);
+        unsigned gen = atomic_load(&c->gen);
+        init_slot(c); /* the parent's events and lists stay with the parent */
+        atomic_store(&c->gen, gen + 1);
     }
-}
-
-__attribute__((constructor)) static void contexts_init(void)
-{
-    cd_contexts_reset();
 }

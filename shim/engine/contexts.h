@@ -1,56 +1,97 @@
-/* contexts.h - what the shim keeps per CUDA context.
+/* contexts.h - what the engine keeps per CUDA context, and its lifetime.
  *
- * Each context the shim has seen an allocation in gets a private
- * non-blocking stream (made when the context is first seen, never on a
- * release), a fence event, a pool of events, and two lists: deferred entries
- * (released at flush points) and device frees in flight (finished by the
- * waiter thread).
+ * Each context the engine has seen gets a slot: a private non-blocking
+ * stream where fences wait and device frees run, a second private stream
+ * that never waits for anything (frees whose fence has passed), an event
+ * for cuCtxRecordEvent, a pool of spare events, and its books (books.h).
+ * Slots live in a table that grows and never shrinks, so a pointer to a
+ * slot stays valid for the life of the process; a generation number tells
+ * the context it serves now from the ones it served before.
+ *
+ * Lifetime: a slot is FREE, SETUP (one thread makes its private objects),
+ * READY, or CLOSING. Every use of a slot's objects or books is bracketed by
+ * cd_ctx_enter and cd_ctx_exit. Closing a slot (teardown, or the moment
+ * around a primary context's release) makes further enters fail and waits
+ * until the uses under way have ended, so that nothing names a context
+ * after the driver destroyed it.
+ *
+ * A green context's CUcontext is an alias of its device's primary context:
+ * memory allocated in it belongs to the primary context, and a fence in the
+ * primary context covers the green contexts' work (measured on the H200;
+ * DESIGN.md).
  */
 #ifndef CUDEFER_CONTEXTS_H
 #define CUDEFER_CONTEXTS_H
 
+#include "list.h"
 #include "registry.h"
 
+#include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
-enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_DEAD };
+enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_CLOSING };
 
-/* Device frees behind one marker event that the waiter recorded on the
- * private stream after them: the batch is done when its marker is. Batches
- * complete in order, as the private stream runs in order. */
-struct cd_batch {
-    struct cd_batch *next;
-    CUevent marker;
-    struct cd_record *records;
+/* Bins of equal released blocks (kind, bytes, flags) that may serve an
+ * allocation, oldest first. Under the slot's lock. */
+#define CD_BIN_BUCKETS 256
+struct cd_bin {
+    struct cd_bin *next;
+    enum cd_kind kind;
+    size_t bytes;
+    unsigned flags;
+    size_t n;
+    struct cd_link list; /* records, by their bin link */
+};
+
+/* A release the engine made while the work before it still ran: the waiter
+ * notes when that work has finished (what the driver's call would have
+ * waited for). */
+struct cd_watch {
+    struct cd_link link;
+    CUevent event;
+    uint64_t since_ns;
+    enum cd_kind kind;
 };
 
 struct cd_ctx {
     _Atomic(CUcontext) handle;
     _Atomic int state;
-    _Atomic int users;    /* short paths using its objects right now */
+    _Atomic unsigned gen;
+    _Atomic int users;
     CUdevice device;
-    CUstream priv;        /* the shim's own stream: fences, frees */
-    CUevent fence;        /* shared: a later record covers an earlier one */
-    bool ctx_record;      /* cuCtxRecordEvent exists (driver 12.5+) */
+    bool primary;
+    bool ctx_record;     /* cuCtxRecordEvent exists (driver 12.5+) */
+    CUstream priv;       /* fences wait here; frees run behind them */
+    CUstream spare;      /* never waits: frees whose fence has passed */
+    CUevent fence;       /* shared: a later record covers an earlier one */
 
-    _Atomic(struct cd_record *) deferred; /* pushed lock-free; taken whole */
-    _Atomic(struct cd_record *) inflight; /* device frees submitted */
-    _Atomic long long deferred_bytes;    /* without device blocks */
-    _Atomic long long deferred_entries;  /* with device blocks */
-    _Atomic long long cached_device;     /* bytes of device blocks queued */
-    _Atomic long long cached_entries;    /* device blocks queued */
-    _Atomic bool over_limit;
+    /* The books (books.c), under lock. lock is held for a few
+     * instructions at a time, never across a driver call that waits. */
+    pthread_mutex_t lock;
+    struct cd_link deferred;           /* records, oldest first */
+    struct cd_bin *bins[CD_BIN_BUCKETS];
+    long long held_bytes, held_entries;     /* all kinds but device */
+    long long cached_bytes, cached_entries; /* device blocks */
+    int claims;                        /* records a reuse is looking at */
+    struct cd_link inflight;           /* device frees issued, not yet batched */
+    struct cd_link watches;
+    _Atomic bool sticky;               /* the context has a sticky error */
 
-    pthread_mutex_t lock;          /* the waiter's pass against teardown */
-    struct cd_batch *batches;      /* device frees the waiter watches */
-    pthread_mutex_t pool_lock;     /* held for a few instructions only */
-    CUevent *events;               /* pool of spare events */
+    /* Device frees in flight, behind marker events (waiter.c); whoever
+     * holds drain_lock settles them. */
+    pthread_mutex_t drain_lock;
+    struct cd_batch *batches;
+
+    pthread_mutex_t pool_lock;         /* spare events; a few instructions */
+    CUevent *events;
     size_t nevents, cap_events;
 
-    /* Before driver 12.5: streams the program created, each with an event,
-     * and final events of destroyed streams that may still run work. */
+    /* Before driver 12.5 (fence.c): the streams the program created, each
+     * with an event, and final events of destroyed ones that may still run
+     * work. */
     pthread_mutex_t streams_lock;
     struct cd_tracked { CUstream stream; CUevent event; } *streams;
     size_t nstreams, cap_streams;
@@ -58,54 +99,71 @@ struct cd_ctx {
     size_t nfinals, cap_finals;
 };
 
-/* Every slot, for iteration (state READY are live contexts). */
-#define CD_MAX_CONTEXTS 64
-extern struct cd_ctx cd_contexts[CD_MAX_CONTEXTS];
+/* Device frees behind one marker event recorded on the private stream after
+ * them: the batch is done when its marker is. Batches complete in order. */
+struct cd_batch {
+    struct cd_batch *next;
+    CUevent marker;
+    struct cd_link records;
+};
 
-/* The ready state of ctx, or NULL. */
+/* Calls fn on every slot that is READY (without entering it). */
+void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
+
+/* The READY slot of ctx (a green context's CUcontext names its primary's),
+ * or NULL. Does not set one up. */
 struct cd_ctx *cd_ctx_find(CUcontext ctx);
 
-/* The ready state of ctx, set up on first sight: private stream, fence,
- * events, and the one-time cost of the driver's first cuMemFreeAsync.
- * Called on allocation paths only. NULL when no slot is free or the driver
- * refused (the context's releases then pass through). */
+/* The READY slot of ctx, set up on first sight: private streams, fence,
+ * events, and the driver's one-time set-up of stream-ordered frees (about
+ * 10 ms, paid here and not in a release). Called on allocation and context
+ * creation paths only; waits for nothing but the new private stream. NULL
+ * when the driver refused (the context's releases then pass through). */
 struct cd_ctx *cd_ctx_get(CUcontext ctx);
 
-/* The current context's state, or NULL (no current context, or unseen). */
+/* The current context's slot, or NULL (none current, or never seen). */
 struct cd_ctx *cd_ctx_current(void);
 
-/* Makes the private stream wait for all work submitted so far in the
- * context and in every other context the shim knows (a kernel on another
- * device may read the memory through peer access), then records a spare
- * event behind it in *done. Does not wait. */
-CUresult cd_ctx_fence(struct cd_ctx *cs, CUevent *done);
+/* Announces a use of c's objects and books; false when c does not serve
+ * the context of generation gen any more (or is closing). Does not wait. */
+bool cd_ctx_enter(struct cd_ctx *c, unsigned gen);
+/* The same for whatever context c serves now. */
+bool cd_ctx_enter_any(struct cd_ctx *c, unsigned *gen);
+void cd_ctx_exit(struct cd_ctx *c);
 
-/* Announces a short use of cs's stream and events (microseconds, no GPU
- * wait); false when cs is not ready. Teardown waits until no use is left. */
-bool cd_ctx_enter(struct cd_ctx *cs);
-void cd_ctx_exit(struct cd_ctx *cs);
+/* Makes further enters fail and waits until the uses under way have ended
+ * (uses are short, but a flush in progress may wait for the GPU: then this
+ * waits for it too). */
+void cd_ctx_close(struct cd_ctx *c);
+/* A closed slot's context lives on: enters succeed again. */
+void cd_ctx_reopen(struct cd_ctx *c);
+/* A closed slot is done with: with alive, its private objects are destroyed
+ * first (the context still exists); without, they are forgotten (they died
+ * with the context). The slot is FREE afterwards, its generation moved on. */
+void cd_ctx_release(struct cd_ctx *c, bool alive);
 
-/* A spare event of the context (made if the pool is empty), and its return. */
-CUresult cd_ctx_event_get(struct cd_ctx *cs, CUevent *ev);
-void cd_ctx_event_put(struct cd_ctx *cs, CUevent ev);
+/* The slot of the primary context of dev that the engine knows, or NULL. */
+struct cd_ctx *cd_ctx_primary(CUdevice dev);
 
-/* Fallback fences (before 12.5) need the program's streams. */
-void cd_ctx_stream_add(struct cd_ctx *cs, CUstream s);
-void cd_ctx_stream_remove(struct cd_ctx *cs, CUstream s);
-/* Drops final events that have completed; called by the waiter. */
-void cd_ctx_prune_finals(struct cd_ctx *cs);
+/* Green contexts: the CUcontext green of green context g, on device dev, is
+ * an alias of the primary context primary. */
+struct cd_alias {
+    CUgreenCtx green;
+    CUcontext ctx, primary;
+    CUdevice device;
+};
+void cd_ctx_alias_add(const struct cd_alias *a);
+/* Removes g's alias into *a; false when g is unknown. */
+bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a);
 
-/* Destroys the private objects and frees the slot. The caller made sure no
- * entry refers to them any more. Called with the context still alive. */
-void cd_ctx_release_slot(struct cd_ctx *cs);
-
-/* Forgets every context without calling the driver (a forked child). */
-void cd_contexts_reset(void);
+/* A spare event of c (made if the pool is empty), and its return. */
+CUresult cd_ctx_event_get(struct cd_ctx *c, CUevent *ev);
+void cd_ctx_event_put(struct cd_ctx *c, CUevent ev);
 
 /* Makes ctx current for the calls between enter and leave (pushing it only
- * when it is not current already) and, with relaxed, puts the thread in the
- * relaxed capture mode so that those calls do not invalidate a capture that
- * another thread runs. */
+ * when it is not current already) and, with relaxed, puts the thread in
+ * the relaxed capture mode so that those calls do not invalidate a capture
+ * that another thread runs. */
 struct cd_scope {
     CUcontext pushed;
     CUstreamCaptureMode mode;
@@ -113,5 +171,8 @@ struct cd_scope {
 };
 void cd_scope_enter(struct cd_scope *sc, CUcontext ctx, bool relaxed);
 void cd_scope_leave(struct cd_scope *sc);
+
+/* Forgets every slot without calling the driver (a forked child). */
+void cd_contexts_reset(void);
 
 #endif

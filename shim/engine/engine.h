@@ -1,88 +1,146 @@
-/* engine.h - the release engine, as the interposition layer calls it.
+/* engine.h - the release engine, as the doors call it.
  *
- * The engine decides what becomes of a release: a fenced stream-ordered free,
- * an entry on a context's deferred queue, or the driver's own call. It knows
- * nothing of how a call reached it (exported symbol, dlsym, cuGetProcAddress).
+ * The engine decides what becomes of a release: a fenced stream-ordered
+ * free, an entry kept for reuse, an entry on a context's deferred queue, or
+ * the driver's own call. It knows nothing of how a call reached it
+ * (exported symbol, dlsym, cuGetProcAddress).
  *
- * Functions named cd_release_* return true when the engine took the release
- * and stored the caller's result in *rc; false means "make the driver's own
- * call", which is always correct (it is what the program asked for). They
- * never call anything that may wait for the GPU.
+ * The life of a release, one verb each:
+ *   track    an allocation is recorded (LIVE);
+ *   retire   the program releases it: the engine takes the record (RETIRED);
+ *   fence    the release is ordered behind all work submitted so far in
+ *            every context, on the GPU, without waiting (fence.c);
+ *   defer    the fenced release waits on its context's books (books.c);
+ *   reuse    a deferred block whose fence has passed serves an allocation of
+ *            the same kind, size and flags (cache.c);
+ *   free     device memory goes to cuMemFreeAsync behind its fence, and the
+ *            waiter settles it (waiter.c): the driver has it back;
+ *   flush    deferred releases are made for real with the driver's own
+ *            calls, at flush points (reclaim.c);
+ *   reclaim  an allocation that failed for lack of memory takes back what
+ *            the engine holds, first without waiting, then waiting;
+ *   tear     a context goes away: what it freed is dropped (teardown.c).
+ *
+ * Which calls may wait for GPU work (the rule: a call that does not wait in
+ * the driver does not wait here; DESIGN.md has the table of every call):
+ *   - the releases do not wait, except cuMemHostUnregister, which waits for
+ *     the work submitted before it (the pages are the program's again when
+ *     it returns), and a release beyond the limits, which is the driver's own
+ *     call and waits as it always did;
+ *   - allocations do not wait, except: for a released block of their size,
+ *     at most what an allocation of that kind and size was measured to take
+ *     (CUDEFER_REUSE_WAIT); after an out-of-memory answer, once taking back
+ *     what needs no waiting was not enough; a registration overlapping a
+ *     range whose unregister is still pending;
+ *   - cuCtxSynchronize waits (the program's own wait) and then flushes;
+ *     cudefer_flush and context teardown wait.
+ * Functions below say when they may wait.
  */
 #ifndef CUDEFER_ENGINE_H
 #define CUDEFER_ENGINE_H
+
+#include "kinds.h"
 
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* What a released object is; one row each in backends.c. */
-enum cd_kind {
-    CD_DEVICE,     /* cuMemAlloc, cuMemAllocPitch */
-    CD_MANAGED,    /* cuMemAllocManaged */
-    CD_HOST,       /* cuMemAllocHost, cuMemHostAlloc */
-    CD_REGISTERED, /* cuMemHostRegister */
-    CD_ARRAY,      /* cuArrayCreate, cuArray3DCreate */
-    CD_MIPMAPPED,  /* cuMipmappedArrayCreate */
-    CD_MODULE,     /* cuModuleLoad* */
-    CD_LIBRARY,    /* cuLibraryLoad* */
-    CD_KIND_COUNT
-};
+/* Whether the engine takes calls: CUDEFER_ENABLE, a usable driver, and not
+ * past the exit handler (at exit the driver tears itself down; from then on
+ * every call goes to it unchanged). */
+bool cd_engine_on(void);
 
-/* --- releases (never wait for the GPU) --------------------------------- */
+/* --- releases --------------------------------------------------------------
+ * cd_release_* return true when the engine took the release and stored the
+ * caller's answer in *rc; false means "make the driver's own call", which
+ * is always correct: it is what the program asked for. */
 
-/* cuMemFree of device or managed memory. */
+/* cuMemFree of device or managed memory. Does not wait. */
 bool cd_release_device(CUdeviceptr ptr, CUresult *rc);
+/* cuMemFreeHost. Does not wait. */
 bool cd_release_host(void *ptr, CUresult *rc);
+/* cuMemHostUnregister: with CUDEFER_REGISTERED=wait (the default) WAITS for
+ * the work submitted before the call, then defers the driver's unregister;
+ * =defer does not wait. */
 bool cd_release_registered(void *ptr, CUresult *rc);
+/* cuArrayDestroy, cuMipmappedArrayDestroy, cuModuleUnload, cuLibraryUnload.
+ * Do not wait. */
 bool cd_release_array(CUarray array, CUresult *rc);
 bool cd_release_mipmapped(CUmipmappedArray array, CUresult *rc);
 bool cd_release_module(CUmodule module, CUresult *rc);
 bool cd_release_library(CUlibrary library, CUresult *rc);
 
 /* The answer to cuMemHostUnregister(ptr) given the driver's answer rc: an
- * address the driver still knows only because the shim holds the block the
- * program released around it gets the code for an address the driver does
- * not know (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) instead of
- * CUDA_ERROR_INVALID_VALUE. Does not wait. */
+ * address the driver knows only because the engine holds the block the
+ * program released around it gets the code for an unknown address
+ * (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED). Does not wait. */
 CUresult cd_unregister_answer(void *ptr, CUresult rc);
+
+/* cuMemFreeAsync(ptr): a block the engine holds (released already) gets the
+ * driver's answer for a freed one, in *rc (true); otherwise false: the
+ * caller makes the driver's call, and after a success calls
+ * cd_free_async_done, which forgets a tracked block (the program freed it
+ * itself, stream-ordered). Do not wait. */
+bool cd_free_async(CUdeviceptr ptr, CUresult *rc);
+void cd_free_async_done(CUdeviceptr ptr);
+
+/* cuIpcGetMemHandle succeeded for ptr: its block never serves another
+ * allocation (another process may map it); its release is a fenced free. */
+void cd_ipc_exported(CUdeviceptr ptr);
 
 /* --- allocations --------------------------------------------------------- */
 
-/* Called before an allocating call: when the current context's deferred
- * queue is over its limits, releases it here. May wait for the GPU. */
-void cd_alloc_begin(void);
-
-/* Called with the result of a failed allocating call of the given kind (the
- * kind decides nothing yet but is logged). When rc is an out-of-memory error
- * and something is queued, releases what is queued (may wait for the GPU)
- * and returns true: the caller retries once and returns the retry's result. */
-bool cd_alloc_failed(CUresult rc, const char *call);
-
-/* Records a successful allocation so that its release can be deferred.
- * flags are the allocating call's flags (CD_FLAGS_ALLOC_HOST for
- * cuMemAllocHost, whose memory is not told apart by flags). */
-void cd_track(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags);
+struct cd_alloc {
+    enum cd_kind kind;
+    size_t bytes;
+    unsigned flags;     /* the call's flags; CD_FLAGS_ALLOC_HOST for cuMemAllocHost */
+    uintptr_t max_key;  /* reuse only blocks below it (the 32-bit calls) */
+    uint64_t start_ns;
+    int level;          /* reclaims made so far */
+    const char *call;
+};
 #define CD_FLAGS_ALLOC_HOST 0x80000000u
 
-/* Serves an allocation of kind, bytes and flags with a block the program
- * released earlier in the current context whose fence has passed: no kernel
- * submitted before its release can still use it. Returns true and the block
- * in *key, or false (the caller allocates from the driver). Does not wait. */
-bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key);
+/* Starts an allocating call of kind and bytes (bytes 0: unknown, no reuse).
+ * narrow: the call returns a 32-bit address. Does not wait. */
+void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, size_t bytes,
+                    unsigned flags, bool narrow);
 
-/* Before cuMemHostRegister of [ptr, ptr + bytes): releases queued
- * unregisters that overlap it (may wait for the GPU), so the registration
- * does not fail with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. */
-void cd_before_register(void *ptr, size_t bytes);
+/* Serves the allocation with a block the program released earlier in the
+ * current context, once no work submitted before its release can use it.
+ * MAY WAIT, bounded: for the oldest such block, for at most what a new
+ * allocation of that kind and size was measured to take. Returns true and
+ * the block in *key, or false: the caller asks the driver. */
+bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
+
+/* After the driver's answer rc: true when the caller should ask again. On
+ * an out-of-memory answer it first takes back what needs no waiting (device
+ * blocks whose fence has passed, frees in flight that have completed); the
+ * second time it MAY WAIT for everything the engine holds, whoever holds
+ * it, and says so at log level info. */
+bool cd_alloc_failed(struct cd_alloc *a, CUresult rc);
+
+/* The allocation's end: on success the object is tracked, and the time it
+ * took the driver is noted (the bound of reuse waits). Does not wait. */
+void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key);
+
+/* An allocation the engine does not track (stream-ordered, virtual memory,
+ * IPC, graph) returned key: a stale record of that address goes. */
+void cd_alloc_untracked(uintptr_t key);
+
+/* Before cuMemHostRegister of [ptr, ptr + bytes): really releases queued
+ * unregisters that overlap it (MAY WAIT for them: the one exception for
+ * registrations), so that the registration does not fail with
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. */
+void cd_register_start(void *ptr, size_t bytes);
 
 /* After a registration failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
- * releases every queued unregister (may wait). True when the caller should
- * retry. */
+ * releases every queued unregister near the range (may wait). True when the
+ * caller should retry. */
 bool cd_register_failed(CUresult rc, void *ptr, size_t bytes);
 
-/* --- streams, capture, synchronisation, teardown ------------------------- */
+/* --- streams and captures ------------------------------------------------- */
 
 /* A stream the program created (successfully) / is about to destroy. */
 void cd_stream_created(CUstream stream);
@@ -90,34 +148,48 @@ void cd_stream_destroying(CUstream stream);
 
 /* Around cuStreamBeginCapture*: cd_capture_begin before the real call (it
  * waits for fences already in progress, which take microseconds, never for
- * the GPU), cd_capture_begun after it with its result. */
+ * the GPU), cd_capture_begun after it with its result; per_thread: the call
+ * was a _ptsz one, where stream 0 is the per-thread default stream. */
 void cd_capture_begin(void);
-void cd_capture_begun(CUstream stream, CUresult rc);
+void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc);
 /* After cuStreamEndCapture*, with the stream and the call's result. */
-void cd_capture_ended(CUstream stream, CUresult rc);
+void cd_capture_ended(CUstream stream, bool per_thread, CUresult rc);
 
-/* After a successful cuCtxSynchronize (ctx NULL: the current one): releases
- * that context's queue. The GPU is idle for it, so this waits very little. */
+/* --- contexts ------------------------------------------------------------- */
+
+/* After a successful cuCtxSynchronize (ctx NULL: the current one): makes
+ * that context's deferred releases for real. MAY WAIT: the program waited
+ * for the context's work already, but a fence may also cover other
+ * contexts' work, and other threads may have launched since. */
 void cd_context_synchronized(CUcontext ctx);
 
-/* Before a context goes away (cuCtxDestroy, the last primary release,
- * primary reset): releases or drops its entries and its private objects.
- * May wait for the GPU (as the teardown itself does). */
-void cd_context_teardown(CUcontext ctx);
-
-/* A context the program created: set up now, so that fences cover it
- * even if nothing is ever allocated in it. */
+/* A context the program created or retained: set up now, so that fences
+ * cover it even if nothing is ever allocated in it. */
 void cd_context_created(CUcontext ctx);
 
-/* Primary contexts: the shim counts retains to know the last release. */
+/* Before cuCtxDestroy: everything held for the context goes (its
+ * destruction frees it) and its private objects are destroyed. */
+void cd_context_destroying(CUcontext ctx);
+
+/* Around cuDevicePrimaryCtxRelease: the engine stops using the primary
+ * context before the call, and after it asks the driver whether the context
+ * is still active (a release the engine did not see retained may end it, or
+ * not): if so it goes on using it, else what it held for it is dropped. */
 void cd_primary_retained(CUdevice dev, CUcontext ctx);
-/* Before cuDevicePrimaryCtxRelease: tears the context down if this is its
- * last reference. */
 void cd_primary_releasing(CUdevice dev);
-/* Before cuDevicePrimaryCtxReset. */
+void cd_primary_released(CUdevice dev);
+/* Before cuDevicePrimaryCtxReset (which destroys the primary context). */
 void cd_primary_resetting(CUdevice dev);
 
-/* Releases every context's queue now (cudefer_flush). May wait. */
+/* After cuCtxFromGreenCtx: green's CUcontext is an alias of its device's
+ * primary context. Around cuGreenCtxDestroy, which releases a reference on
+ * the primary context: as for a primary release. */
+void cd_green_seen(CUgreenCtx green, CUcontext ctx);
+void cd_green_destroying(CUgreenCtx green);
+void cd_green_destroyed(CUgreenCtx green);
+
+/* cudefer_flush(): every context's deferred releases, for real, and the
+ * device frees in flight, until the driver has everything back. WAITS. */
 int cd_flush_all(void);
 
 #endif

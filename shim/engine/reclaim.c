@@ -1,197 +1,374 @@
-/* reclaim.c - where deferred releases really happen, and reuse.
+/* reclaim.c - where deferred releases are really made, and out-of-memory.
  *
- * Flush points are moments where waiting is what the program does anyway:
- * an allocation that failed (released, then retried once), cuCtxSynchronize,
- * cudefer_flush(), the next allocation of a context over its limits, a
- * registration that overlaps a queued unregister. A flush takes the queue
- * whole and holds no lock while the driver waits, so other threads' releases,
- * allocations and launches carry on.
+ * Flush points are moments where waiting is what the program does anyway
+ * or must: cuCtxSynchronize, cudefer_flush(), an allocation that failed for
+ * lack of memory, a registration that overlaps a pending unregister, and a
+ * context's teardown (teardown.c). A flush takes entries off the books and
+ * holds no lock while the driver waits, so other threads' releases,
+ * allocations and launches carry on. The engine's calls during a flush are
+ * made in the relaxed capture mode: a capture that another thread starts
+ * meanwhile is not invalidated.
  *
- * Before any of that, an allocation may be served by a released block whose
- * fence has passed (pinned host and managed memory), with no driver call.
+ * An allocation that failed for lack of memory first takes back what needs
+ * no waiting for unfinished GPU work: device blocks whose fence has passed
+ * (freed on the context's idle stream, which returns at once) and frees in
+ * flight that have completed. Only if the retry fails again does it wait:
+ * for every context's entries, for the frees in flight, and for what other
+ * threads' flushes hold at that moment, then retries once more.
  */
 #include "engine.h"
-#include "lifecycle.h"
 
 #include "backends.h"
+#include "books.h"
+#include "capture.h"
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
+#include "nvtx.h"
 #include "options.h"
-#include "queue.h"
 #include "registry.h"
+#include "retire.h"
 #include "stats.h"
+#include "waiter.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <time.h>
 
-/* Really releases the entries of cs's queue whose kind is in mask, oldest
- * first; with wait_frees, also waits until the device frees in flight are
- * done, so that their memory is back with the driver. MAY WAIT for the GPU.
- * Holds no lock meanwhile: the queue was taken whole, and other threads push
- * onto a new one. Returns whether there was anything to do. */
-static bool flush_context(struct cd_ctx *cs, enum cd_flush_reason why, unsigned mask,
-                          bool wait_frees)
+/* Entries taken off the books by flushes and not yet released: an
+ * out-of-memory answer waits until they are. */
+static pthread_mutex_t releasing_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t releasing_cond = PTHREAD_COND_INITIALIZER;
+static long long releasing;
+
+static void releasing_add(long long n)
+{
+    pthread_mutex_lock(&releasing_lock);
+    releasing += n;
+    if (releasing == 0)
+        pthread_cond_broadcast(&releasing_cond);
+    pthread_mutex_unlock(&releasing_lock);
+}
+
+/* Waits until no flush holds entries, for at most seconds. */
+static bool releasing_wait(int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    pthread_mutex_lock(&releasing_lock);
+    int err = 0;
+    while (releasing > 0 && err != ETIMEDOUT)
+        err = pthread_cond_timedwait(&releasing_cond, &releasing_lock, &until);
+    bool clear = releasing == 0;
+    pthread_mutex_unlock(&releasing_lock);
+    return clear;
+}
+
+static long long releasing_now(void)
+{
+    pthread_mutex_lock(&releasing_lock);
+    long long n = releasing;
+    pthread_mutex_unlock(&releasing_lock);
+    return n;
+}
+
+/* Really releases one entry, after its fence. MAY WAIT. */
+static void release_one(struct cd_ctx *c, struct cd_record *r)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    struct cd_record *list = cd_take_all(&cs->deferred);
-    bool frees = wait_frees && cd_frees_pending() > 0;
-    if (!list && !frees)
-        return false;
-    atomic_fetch_add(&cd_stats.flushes[why], 1);
-
-    struct cd_scope sc;
-    cd_scope_enter(&sc, atomic_load(&cs->handle), true);
-    if (frees)
-        ops->stream_synchronize(cs->priv);
-    struct cd_record *keep = NULL;
-    int released = 0, failed = 0;
-    for (struct cd_record *r = list, *next; r; r = next) {
-        next = r->queue_next;
-        if (!(mask & (1u << r->kind))) {
-            r->queue_next = keep;
-            keep = r;
-            continue;
-        }
-        /* The driver's release waits for its own context only; the fence
-         * also covers kernels of other contexts (peer access). */
-        if (r->done)
-            ops->event_synchronize(r->done);
-        CUresult rc = cd_backend(r->kind)->release(r);
-        if (rc != CUDA_SUCCESS) {
+    /* The driver's release waits for its own context only; the fence also
+     * covers kernels of other contexts (peer access). */
+    if (r->done)
+        ops->event_synchronize(r->done);
+    CUresult rc = cd_backend((enum cd_kind)r->kind)->release(r);
+    if (rc == CUDA_SUCCESS) {
+        atomic_fetch_add(&cd_stats.released[r->kind], 1);
+    } else {
+        atomic_fetch_add(&cd_stats.errors[r->kind], 1);
+        if (rc != CUDA_ERROR_DEINITIALIZED)
             cd_log(CD_LOG_ERROR, "deferred release of %s %#lx failed with error %d",
-                   cd_backend(r->kind)->name, (unsigned long)r->key, (int)rc);
-            atomic_fetch_add(&cd_stats.errors[r->kind], 1);
-            failed++;
-        } else {
-            atomic_fetch_add(&cd_stats.released[r->kind], 1);
-            released++;
+                   cd_kind_name((enum cd_kind)r->kind), (unsigned long)r->key, (int)rc);
+    }
+    cd_retire_drop_event(c, r);
+    cd_books_unregistered(r);
+    cd_registry_end(r, CD_GONE);
+}
+
+/* Releases c's entries of the kinds in mask: device blocks through
+ * cuMemFreeAsync behind their fence, the others with the driver's release.
+ * With settle, WAITS until c's frees in flight have given the memory back.
+ * Returns whether there was anything to do. MAY WAIT. */
+static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle)
+{
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return false;
+    struct cd_link list, device;
+    cd_list_init(&list);
+    cd_list_init(&device);
+    /* A context with a sticky error keeps its entries for its destruction:
+     * every release in it would fail. */
+    /* Counted before the entries leave the books: an out-of-memory answer
+     * in another thread sees either the entries or this flush. */
+    releasing_add(1);
+    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, &list);
+    bool frees = settle && cd_waiter_pending(c);
+    releasing_add((long long)n);
+    if (!n && !frees) {
+        releasing_add(-1);
+        cd_ctx_exit(c);
+        return false;
+    }
+    atomic_fetch_add(&cd_stats.flushes[why], 1);
+    cd_range_push(why == CD_FLUSH_OOM ? "cudefer: flush (out of memory)" : "cudefer: flush");
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    /* Device blocks first: their frees do not wait, and their memory is
+     * back soonest. */
+    for (struct cd_link *e = list.next, *next; e != &list; e = next) {
+        next = e->next;
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        if (r->kind == CD_DEVICE && r->done) {
+            cd_list_remove(&r->age);
+            cd_list_append(&device, &r->age);
         }
-        cd_finish_deferred(cs, r);
+    }
+    if (!cd_list_empty(&device)) {
+        /* No capture may be invalidated by the frees: outside the gate
+         * they wait on the books for the next flush. */
+        if (cd_gate_enter()) {
+            cd_retire_free(c, c->priv, &device);
+            cd_gate_exit();
+        }
+        while (!cd_list_empty(&device)) {
+            struct cd_record *r = CD_CONTAINER(device.next, struct cd_record, age);
+            cd_list_remove(&r->age);
+            cd_books_defer(c, r);
+        }
+    }
+    int released = 0;
+    while (!cd_list_empty(&list)) {
+        struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        release_one(c, r);
+        released++;
     }
     cd_scope_leave(&sc);
-    cd_push_all(&cs->deferred, keep);
-    cd_log(CD_LOG_INFO, "flush (%s) of context %p: %d released, %d failed",
-           cd_flush_reason_name(why), (void *)atomic_load(&cs->handle), released, failed);
+    releasing_add(-(long long)n - 1);
+    if (settle)
+        cd_waiter_settle(c, true);
+    cd_range_pop();
+    cd_log(CD_LOG_INFO, "flush (%s) of context %p: %zu entries, %d released with the driver's "
+           "calls", cd_flush_reason_name(why), (void *)atomic_load(&c->handle), n, released);
+    cd_ctx_exit(c);
     return true;
 }
 
-static bool flush_all(enum cd_flush_reason why, unsigned mask, bool wait_frees)
+struct flush_all {
+    enum cd_flush_reason why;
+    unsigned mask;
+    bool settle;
+    bool any;
+};
+
+static void flush_each(struct cd_ctx *c, void *arg)
 {
-    bool any = false;
-    for (int i = 0; i < CD_MAX_CONTEXTS; i++)
-        if (atomic_load(&cd_contexts[i].state) == CD_CTX_READY)
-            any |= flush_context(&cd_contexts[i], why, mask, wait_frees);
-    return any;
+    struct flush_all *f = arg;
+    f->any |= flush_context(c, f->why, f->mask, f->settle);
+}
+
+static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle)
+{
+    struct flush_all f = {why, mask, settle, false};
+    cd_ctx_each(flush_each, &f);
+    return f.any;
 }
 
 int cd_flush_all(void)
 {
-    if (cd_enabled() && cd_driver_ops())
+    if (cd_engine_on())
         flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true);
     return 0;
 }
 
 void cd_context_synchronized(CUcontext ctx)
 {
-    if (!cd_enabled())
+    if (!cd_engine_on())
         return;
-    struct cd_ctx *cs = ctx ? cd_ctx_find(ctx) : cd_ctx_current();
-    if (cs)
-        flush_context(cs, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+    struct cd_ctx *c = ctx ? cd_ctx_find(ctx) : cd_ctx_current();
+    /* Everything: device blocks through cuMemFreeAsync (the waiter settles
+     * them), the rest with the driver's releases. */
+    if (c)
+        flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
 }
 
-void cd_alloc_begin(void)
+/* ---- out of memory ------------------------------------------------------------ */
+
+static bool fence_passed(struct cd_record *r)
 {
-    if (!cd_enabled())
-        return;
-    struct cd_ctx *cs = cd_ctx_current();
-    if (cs && atomic_exchange(&cs->over_limit, false))
-        flush_context(cs, CD_FLUSH_LIMIT, CD_ALL_KINDS, false);
+    return cd_driver_ops()->event_query(r->done) == CUDA_SUCCESS;
 }
 
-bool cd_alloc_failed(CUresult rc, const char *call)
+/* Frees c's device blocks whose fence has passed on its idle stream and
+ * settles them there and then; settles the completed frees in flight. Does
+ * not wait for unfinished GPU work. */
+static void reclaim_ready(struct cd_ctx *c, void *arg)
 {
-    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_enabled() || !cd_driver_ops())
-        return false;
-    if (!flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true))
-        return false;
-    atomic_fetch_add(&cd_stats.retries, 1);
-    cd_log(CD_LOG_INFO, "%s ran out of memory: released the queue, retrying", call);
-    return true;
-}
-
-/* Candidates looked at per allocation, newest first. Of those that match,
- * only the oldest is queried: fences complete in the order of the private
- * stream, so when it has not passed, the newer ones have not either. */
-#define REUSE_SCAN 64
-
-bool cd_reuse(enum cd_kind kind, size_t bytes, unsigned flags, uintptr_t *key)
-{
-    if (!cd_enabled() || !cd_backend(kind)->reusable || !cd_option_bool(cd_backend(kind)->option))
-        return false;
+    bool *any = arg;
     const struct cd_driver_ops *ops = cd_driver_ops();
-    struct cd_ctx *cs = ops ? cd_ctx_current() : NULL;
-    /* An event query during a capture would invalidate it. */
-    if (!cs || atomic_load(&cs->deferred_entries) == 0 || !cd_fence_enter())
-        return false;
-    /* Taken whole, like a flush (a flush meanwhile finds it empty, and the
-     * entries again later); only the first REUSE_SCAN are looked at. */
-    struct cd_record *list = atomic_exchange_explicit(&cs->deferred, NULL, memory_order_acquire);
-    struct cd_record **link = &list, **oldest = NULL, *hit = NULL;
-    for (int n = 0; *link && n < REUSE_SCAN; n++, link = &(*link)->queue_next) {
-        const struct cd_record *r = *link;
-        if (r->kind == kind && r->bytes == bytes && r->flags == flags && r->done)
-            oldest = link;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    struct cd_link list, freed;
+    cd_list_init(&list);
+    cd_list_init(&freed);
+    if (cd_books_take_passed(c, fence_passed, &list)) {
+        while (!cd_list_empty(&list)) {
+            struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
+            cd_list_remove(&r->age);
+            if (ops->mem_free_async((CUdeviceptr)r->key, c->spare) == CUDA_SUCCESS) {
+                cd_list_append(&freed, &r->age);
+            } else {
+                cd_books_defer(c, r);
+            }
+        }
+        /* Nothing else runs on the idle stream: this returns as soon as the
+         * frees are done, and gives the memory back. */
+        ops->stream_synchronize(c->spare);
+        while (!cd_list_empty(&freed)) {
+            struct cd_record *r = CD_CONTAINER(freed.next, struct cd_record, age);
+            cd_list_remove(&r->age);
+            atomic_fetch_add(&cd_stats.released[r->kind], 1);
+            cd_retire_drop_event(c, r);
+            cd_registry_end(r, CD_GONE);
+            *any = true;
+        }
     }
-    if (oldest && ops->event_query((*oldest)->done) == CUDA_SUCCESS) {
-        hit = *oldest;
-        *oldest = hit->queue_next;
-    }
-    cd_push_list(&cs->deferred, list);
-    cd_fence_exit();
-    if (!hit)
-        return false;
-    cd_unbook_deferred(cs, hit);
-    cd_registry_unretire(hit);
-    atomic_fetch_add(&cd_stats.reused[kind], 1);
-    cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_backend(kind)->name, (unsigned long)hit->key);
-    *key = hit->key;
-    return true;
+    cd_scope_leave(&sc);
+    if (cd_waiter_settle(c, false))
+        *any = true;
+    cd_ctx_exit(c);
 }
 
-/* Releases the queued unregisters overlapping [lo, hi). One may be out of
- * the queue for a moment, in another thread's flush, reuse or eviction: it
- * is then released there, or put back and released here. MAY WAIT (for
- * that flush, which may wait for the GPU). Gives up after 10 s. */
-static bool release_overlapping(uintptr_t lo, uintptr_t hi)
+static bool holds_anything(void)
 {
-    bool any = false;
-    for (int round = 0; cd_registered_overlap(lo, hi); round++) {
-        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
-        if (!cd_registered_overlap(lo, hi))
-            break;
-        if (round == 100000) {
-            cd_log(CD_LOG_ERROR, "a queued unregister of %#lx stays out of reach",
-                   (unsigned long)lo);
-            break;
-        }
+    return releasing_now() > 0;
+}
+
+static void note_held(struct cd_ctx *c, void *arg)
+{
+    bool *held = arg;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    if (!cd_books_empty(c) || cd_waiter_pending(c) || cd_books_claims(c))
+        *held = true;
+    cd_ctx_exit(c);
+}
+
+/* Waits for what reuses claim (each for at most an allocation's cost). */
+static void claims_wait(struct cd_ctx *c, void *arg)
+{
+    (void)arg;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    for (int i = 0; i < 100000 && cd_books_claims(c) > 0; i++) {
         struct timespec nap = {0, 100000};
         nanosleep(&nap, NULL);
     }
+    cd_ctx_exit(c);
+}
+
+static void settle_each(struct cd_ctx *c, void *arg)
+{
+    (void)arg;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    cd_waiter_settle(c, true);
+    cd_ctx_exit(c);
+}
+
+/* Everything the engine holds goes back to the driver. WAITS for the GPU. */
+static bool reclaim_waiting(const char *call)
+{
+    bool held = holds_anything();
+    cd_ctx_each(note_held, &held);
+    if (!held)
+        return false;
+    cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
+           "cudefer holds, then retrying", call);
+    cd_range_push("cudefer: out of memory, waiting for released memory");
+    cd_ctx_each(claims_wait, NULL);
+    flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true);
+    /* Entries another thread's flush holds at this moment come back when
+     * its releases end; then their frees are settled too. */
+    if (!releasing_wait(60))
+        cd_log(CD_LOG_ERROR, "%s: another thread's flush has held released memory for a "
+               "minute; retrying without it", call);
+    cd_ctx_each(settle_each, NULL);
+    cd_range_pop();
+    return true;
+}
+
+bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on() || a->level >= 2)
+        return false;
+    if (a->level == 0) {
+        a->level = 1;
+        bool any = false;
+        cd_range_push("cudefer: out of memory, taking back released memory");
+        cd_ctx_each(reclaim_ready, &any);
+        cd_range_pop();
+        if (any) {
+            atomic_fetch_add(&cd_stats.reclaims, 1);
+            cd_log(CD_LOG_DEBUG, "%s ran out of memory: took back what needed no waiting, "
+                   "retrying", a->call);
+            return true;
+        }
+    }
+    a->level = 2;
+    if (!reclaim_waiting(a->call))
+        return false;
+    atomic_fetch_add(&cd_stats.reclaims_waited, 1);
+    return true;
+}
+
+/* ---- registrations ------------------------------------------------------------- */
+
+/* Releases the queued unregisters overlapping [lo, hi). One may be off the
+ * books for a moment in another thread's flush: then this waits for that
+ * flush. MAY WAIT. Gives up after 10 s. */
+static bool release_overlapping(uintptr_t lo, uintptr_t hi)
+{
+    bool any = false;
+    for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
+        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+        if (!cd_books_registered_overlap(lo, hi))
+            break;
+        releasing_wait(1);
+    }
+    if (cd_books_registered_overlap(lo, hi))
+        cd_log(CD_LOG_ERROR, "a pending unregister of %#lx stays out of reach", (unsigned long)lo);
     return any;
 }
 
-void cd_before_register(void *ptr, size_t bytes)
+void cd_register_start(void *ptr, size_t bytes)
 {
-    if (!cd_enabled() || cd_registered_pending() == 0)
+    if (!cd_engine_on() || cd_books_registered_pending() == 0)
         return;
     release_overlapping((uintptr_t)ptr, (uintptr_t)ptr + bytes);
 }
 
 bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
 {
-    if (rc != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || !cd_enabled() ||
-        cd_registered_pending() == 0)
+    if (rc != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED || !cd_engine_on() ||
+        cd_books_registered_pending() == 0)
         return false;
     /* The range may differ from the queued one only in its pages. */
     uintptr_t lo = (uintptr_t)ptr & ~(uintptr_t)4095, hi = (uintptr_t)ptr + bytes + 4095;

@@ -1,81 +1,110 @@
-/* registry.h - every allocation the shim has seen, by address or handle.
+/* registry.h - every object cudefer has seen allocated, by address or
+ * handle.
  *
  * A record is LIVE from its allocation until the program releases it, then
- * RETIRED until the real release is done. The registry answers the release
- * path at once, without asking the driver: "is this ours, and was it already
- * released?". Its lock is per shard and never held across a driver call.
+ * RETIRED while cudefer holds the object. It ends in one of three ways: its
+ * real release (then, for a handle, a GONE tomb), its reuse (LIVE again), or
+ * its context's destruction (a TORN tomb). A tomb answers a later release of
+ * the same handle with the driver's code, so that a dead handle never
+ * reaches the driver (which crashes on some); it lasts until the driver
+ * hands the same address or handle out again, or until it is the oldest of
+ * too many (TOMBS_MAX in registry.c, logged once).
+ *
+ * The registry answers the release path without asking the driver. It is
+ * sharded; a shard's lock is held for a few instructions and never across a
+ * driver call. Its cost does not grow with the number of records: each
+ * shard's table doubles as it fills.
  */
 #ifndef CUDEFER_REGISTRY_H
 #define CUDEFER_REGISTRY_H
 
-#include "engine.h"
+#include "kinds.h"
+#include "list.h"
 
-#include <stdatomic.h>
+#include <cuda.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 struct cd_ctx;
 
-/* TORN: freed by its context's destruction, which the program may not know;
- * every release of it gets the driver's answer for such an object
- * (cd_backend's torn_release), without the dead handle reaching the driver.
- * It stays until its address or handle is handed out again (up to 65,536
- * TORN records; past that the release reaches the driver). */
-enum cd_record_state { CD_LIVE, CD_RETIRED, CD_TORN };
+enum cd_record_state { CD_LIVE, CD_RETIRED, CD_TORN, CD_GONE };
 
+/* About 96 bytes with malloc's own, per object the program holds or
+ * cudefer holds for it. */
 struct cd_record {
-    struct cd_record *hash_next;  /* registry chain, under the shard lock */
-    struct cd_record *queue_next; /* deferred or in-flight list */
-    uintptr_t key;                /* address or handle */
+    struct cd_record *hash_next; /* registry chain, under the shard lock */
+    struct cd_link age;          /* its context's deferred list (oldest first),
+                                    a batch of frees, or its shard's tombs */
+    struct cd_link bin;          /* its context's bin of equal blocks */
+    uintptr_t key;               /* address or handle */
     size_t bytes;
-    unsigned flags;               /* the allocating call's flags */
-    struct cd_ctx *ctx;           /* the context it was allocated in */
-    CUevent done;                 /* fence (deferred) or free (device) done */
-    enum cd_kind kind;
-    int state;                    /* under the shard lock */
-    bool linked;                  /* in the registry; under the shard lock */
+    struct cd_ctx *ctx;          /* the context it was allocated in */
+    CUevent done;                /* its fence; NULL while not fenced */
+    unsigned flags;              /* the allocating call's flags */
+    unsigned gen;                /* ctx's generation at the allocation */
+    uint8_t kind;                /* enum cd_kind */
+    uint8_t state;               /* enum cd_record_state, under the shard lock */
+    bool linked;                 /* in the registry, under the shard lock */
+    bool claimed;                /* a reuse is looking at it (context lock) */
+    bool exported;               /* an IPC handle exists: never reused */
+    bool pending;                /* a registration whose range is pending (books.c) */
 };
 
-enum cd_retire_result { CD_NOT_FOUND, CD_ALREADY_RETIRED, CD_RETIRED_NOW, CD_WAS_TORN };
+enum cd_retire_result {
+    CD_NOT_FOUND,       /* not an object cudefer tracks */
+    CD_RETIRED_NOW,     /* *out is the record, now RETIRED: the caller owns its fate */
+    CD_ALREADY_RETIRED, /* released before and still held */
+    CD_WAS_TORN,        /* its context's destruction freed it */
+    CD_WAS_GONE,        /* released for real before */
+};
 
 /* The lookup class of a kind: managed memory shares device addresses. */
 enum cd_kind cd_kind_class(enum cd_kind kind);
 
-/* Adds r (LIVE). A RETIRED record of the same class and key (its address was
- * really freed and handed out again) is unlinked; a LIVE one (released
- * behind the shim's back) is unlinked and freed. */
+/* A new record, zeroed but for kind, key, bytes, flags; NULL when out of
+ * memory (the object's release then passes through). */
+struct cd_record *cd_record_new(enum cd_kind kind, uintptr_t key, size_t bytes, unsigned flags);
+
+/* Adds r, LIVE. Whatever the registry held for the same class and key is a
+ * stale record (the driver handed the address or handle out again): a LIVE
+ * one or a tomb is freed; a RETIRED one cannot exist (cudefer still holds
+ * that object) and is left to its owner. */
 void cd_registry_insert(struct cd_record *r);
 
 /* Finds the record of class cls and key, and makes it RETIRED. */
-enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key,
-                                         struct cd_record **out);
+enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct cd_record **out);
 
-/* Whether the record of class cls and key is RETIRED: released by the
- * program and held by the shim. */
+/* Whether the record of class cls and key is RETIRED. */
 bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key);
 
-/* Puts a RETIRED record back to LIVE (its deferral failed before anything
- * was done to it). */
+/* Marks a LIVE record of class cls and key as exported through IPC;
+ * false when there is none. */
+bool cd_registry_export(enum cd_kind cls, uintptr_t key);
+
+/* Puts a RETIRED record back to LIVE (it serves an allocation again). */
 void cd_registry_unretire(struct cd_record *r);
 
-/* Unlinks r if it is still linked. The caller owns r afterwards. */
-void cd_registry_remove(struct cd_record *r);
+/* Forgets the LIVE record or tomb of class cls and key, if any (the program
+ * freed the object through a call cudefer does not defer, or an allocation
+ * cudefer does not track returned that address). Returns what it was:
+ * CD_NOT_FOUND, CD_RETIRED_NOW for a LIVE one (now freed), CD_ALREADY_RETIRED
+ * for a RETIRED one (left alone), CD_WAS_TORN or CD_WAS_GONE. */
+enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key);
 
-/* Makes the RETIRED record r TORN (its context's destruction freed the
- * object the program had released): a later release of the same address
- * or handle gets the answer for one released already, and the dead handle
- * does not reach the driver. True when r stays in the registry, which owns
- * it from then on; false (no room, or r not linked) when the caller still
- * owns r. */
-bool cd_registry_entomb(struct cd_record *r);
+/* Ends a RETIRED record: with state CD_GONE (really released) or CD_TORN
+ * (freed by its context's destruction) it becomes a tomb, for handle kinds
+ * and TORN memory; otherwise, or when it is not in the registry, it is
+ * unlinked and freed. The caller must not use r afterwards. */
+void cd_registry_end(struct cd_record *r, enum cd_record_state state);
 
-/* Unlinks every record of ctx, except LIVE ones for which torn(kind) says
- * the context's destruction frees the object: those stay, TORN, with no
- * context (up to a bound; past it they are freed like the others). Other
- * LIVE records are freed; RETIRED ones stay owned by their queues. */
-void cd_registry_drop_context(struct cd_ctx *ctx, bool (*torn)(enum cd_kind kind));
+/* Makes every LIVE record of ctx whose kind is in mask a TORN tomb (its
+ * context was destroyed, and with it those objects). RETIRED ones are left
+ * to their owners. Walks the whole registry. */
+void cd_registry_tear(struct cd_ctx *ctx, unsigned mask);
 
-/* Live records of a kind (for statistics and tests). */
-size_t cd_registry_count(enum cd_kind kind, int state);
+/* Records of a kind in a state (statistics and tests). */
+size_t cd_registry_count(enum cd_kind kind, enum cd_record_state state);
 
 /* Forgets everything without freeing (a forked child). */
 void cd_registry_reset(void);

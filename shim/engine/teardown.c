@@ -1,158 +1,244 @@
-/* teardown.c - what happens to a context's entries when it goes away.
+/* teardown.c - contexts that go away.
  *
- * Before cuCtxDestroy, the last cuDevicePrimaryCtxRelease or
- * cuDevicePrimaryCtxReset reaches the driver: device frees in flight are
- * forgotten (the destruction completes them), deferred entries whose memory
- * the destruction frees are dropped, the others (registrations, libraries)
- * are released for real, and the shim's own stream and events are destroyed
- * while the context still exists. Nothing is released against a dead
- * context and nothing is leaked.
+ * Before cuCtxDestroy or cuDevicePrimaryCtxReset reaches the driver, the
+ * context's slot is closed (uses under way end first; a flush in progress
+ * may make this wait for the GPU, as the destruction itself does), and
+ * everything held for it is settled while the context still exists:
+ *   - device frees in flight and watches end (the destruction completes
+ *     them);
+ *   - deferred entries are dropped: the destruction frees device, managed
+ *     and pinned memory, registrations, arrays and modules (measured on the
+ *     H200); each record stays as a TORN tomb, so that a second release of
+ *     a dead handle does not reach the driver; libraries, which outlive
+ *     contexts, are released for real (this may wait);
+ *   - every live record of the context becomes a TORN tomb;
+ *   - the private streams and events are destroyed.
+ * Nothing is released against a dead context, and nothing is leaked.
+ *
+ * A primary context's release may or may not be its last, whatever the
+ * engine counted (a retain made before cudefer was loaded, a count a reset
+ * zeroed, a green context's reference): the slot is closed around the call,
+ * and the driver is asked afterwards. If the context is still active, the
+ * slot reopens with everything it held; if not, it is torn down after the
+ * fact, without naming the dead context. A green context's destruction
+ * releases a reference on its primary context: the same.
  */
 #include "engine.h"
-#include "lifecycle.h"
 
 #include "backends.h"
+#include "books.h"
+#include "capture.h"
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
-#include "options.h"
-#include "queue.h"
 #include "registry.h"
+#include "retire.h"
 #include "stats.h"
+#include "waiter.h"
 
-#include <sched.h>
-#include <stdlib.h>
+#include <pthread.h>
 
-/* Device frees already handed to the driver: the context's destruction
- * completes them; their records go. */
-static void forget_frees(struct cd_ctx *cs, struct cd_record *list)
+/* Settles the entries of a closed slot: dropped where the destruction
+ * frees them, released for real otherwise (libraries; may wait). */
+static void settle_books(struct cd_ctx *c, bool alive)
 {
-    int n = 0;
-    for (struct cd_record *r = list, *next; r; r = next) {
-        next = r->queue_next;
-        atomic_fetch_add(&cd_stats.released[r->kind], 1);
-        cd_ctx_event_put(cs, r->done);
-        cd_finish(r);
-        n++;
-    }
-    cd_frees_done(n);
-}
-
-/* Deferred entries: dropped where the teardown frees them (their records
- * stay, TORN, so that a second release of a dead handle does not reach the
- * driver, which crashes on some), released for real otherwise
- * (registrations, libraries). May wait for the GPU. */
-static void settle_queue(struct cd_ctx *cs)
-{
-    for (struct cd_record *r = cd_take_all(&cs->deferred), *next; r; r = next) {
-        next = r->queue_next;
-        if (cd_backend(r->kind)->freed_by_context) {
+    struct cd_link list;
+    cd_list_init(&list);
+    cd_books_take_all(c, CD_ALL_KINDS, &list);
+    while (!cd_list_empty(&list)) {
+        struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        if (alive)
+            cd_ctx_event_put(c, r->done);
+        r->done = NULL;
+        cd_books_unregistered(r);
+        if (cd_backend((enum cd_kind)r->kind)->freed_by_context) {
             atomic_fetch_add(&cd_stats.dropped[r->kind], 1);
-            cd_unbook_deferred(cs, r);
-            if (!cd_registry_entomb(r))
-                cd_finish(r);
+            cd_registry_end(r, CD_TORN);
             continue;
         }
-        if (r->done)
-            cd_driver_ops()->event_synchronize(r->done);
-        CUresult rc = cd_backend(r->kind)->release(r);
+        CUresult rc = cd_backend((enum cd_kind)r->kind)->release(r);
         atomic_fetch_add(rc == CUDA_SUCCESS ? &cd_stats.released[r->kind]
                                             : &cd_stats.errors[r->kind], 1);
-        if (rc != CUDA_SUCCESS)
-            cd_log(CD_LOG_ERROR, "release of %s %#lx before teardown failed with error %d",
-                   cd_backend(r->kind)->name, (unsigned long)r->key, (int)rc);
-        cd_finish_deferred(cs, r);
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_DEINITIALIZED)
+            cd_log(CD_LOG_ERROR, "release of %s %#lx at its context's teardown failed with "
+                   "error %d", cd_kind_name((enum cd_kind)r->kind), (unsigned long)r->key,
+                   (int)rc);
+        cd_registry_end(r, CD_GONE);
     }
 }
 
-static bool freed_by_context(enum cd_kind kind)
+/* The kinds a context's destruction frees. */
+static unsigned freed_by_context(void)
 {
-    return cd_backend(kind)->freed_by_context;
+    unsigned mask = 0;
+    for (int k = 0; k < CD_KIND_COUNT; k++)
+        if (cd_backend((enum cd_kind)k)->freed_by_context)
+            mask |= 1u << k;
+    return mask;
 }
 
-void cd_context_teardown(CUcontext ctx)
+/* Tears down the closed slot c; with alive, its context still exists (and
+ * is current), else the driver destroyed it already. */
+static void tear(struct cd_ctx *c, bool alive)
 {
-    cd_capture_context_gone(ctx);
-    struct cd_ctx *cs = cd_ctx_find(ctx);
-    if (!cs)
-        return;
-    /* From here on the waiter leaves this context alone, and so do the
-     * releases and fences under way once they finish (microseconds). */
-    pthread_mutex_lock(&cs->lock);
-    atomic_store(&cs->state, CD_CTX_DEAD);
-    struct cd_batch *batches = cs->batches;
-    cs->batches = NULL;
-    pthread_mutex_unlock(&cs->lock);
-    while (atomic_load(&cs->users) != 0)
-        sched_yield();
+    CUcontext ctx = atomic_load(&c->handle);
     atomic_fetch_add(&cd_stats.flushes[CD_FLUSH_TEARDOWN], 1);
-
-    struct cd_scope sc;
-    cd_scope_enter(&sc, ctx, true);
-    while (batches) {
-        struct cd_batch *next = batches->next;
-        cd_ctx_event_put(cs, batches->marker);
-        forget_frees(cs, batches->records);
-        free(batches);
-        batches = next;
-    }
-    forget_frees(cs, cd_take_all(&cs->inflight));
-    settle_queue(cs);
-    cd_registry_drop_context(cs, freed_by_context);
-    cd_ctx_release_slot(cs);
-    cd_scope_leave(&sc);
-    cd_log(CD_LOG_INFO, "context %p torn down", (void *)ctx);
-}
-
-/* Retains of each device's primary context, to know its last release. */
-#define MAX_DEVICES 64
-static struct {
-    _Atomic int refs;
-    _Atomic(CUcontext) ctx;
-} primaries[MAX_DEVICES];
-
-void cd_primary_retained(CUdevice dev, CUcontext ctx)
-{
-    if (dev < 0 || dev >= MAX_DEVICES)
-        return;
-    atomic_fetch_add(&primaries[dev].refs, 1);
-    atomic_store(&primaries[dev].ctx, ctx);
-    cd_context_created(ctx);
+    cd_waiter_forget(c, alive);
+    settle_books(c, alive);
+    cd_registry_tear(c, freed_by_context());
+    cd_ctx_release(c, alive);
+    cd_log(CD_LOG_INFO, "context %p torn down%s", (void *)ctx, alive ? "" : " after its end");
 }
 
 void cd_context_created(CUcontext ctx)
 {
-    /* Fences cover the contexts the shim knows; a context in which the
-     * program only launches kernels (from a library loaded with no
-     * context) must be known too. */
-    if (cd_enabled())
+    /* Fences cover the contexts the engine knows; a context in which the
+     * program only launches kernels must be known too. */
+    if (cd_engine_on())
         cd_ctx_get(ctx);
+}
+
+void cd_context_destroying(CUcontext ctx)
+{
+    if (!cd_engine_on())
+        return;
+    cd_capture_context_gone(ctx);
+    struct cd_ctx *c = cd_ctx_find(ctx);
+    if (!c)
+        return;
+    cd_ctx_close(c);
+    struct cd_scope sc;
+    cd_scope_enter(&sc, ctx, true);
+    tear(c, true);
+    cd_scope_leave(&sc);
+}
+
+/* ---- primary and green contexts ---------------------------------------------- */
+
+/* Primary releases, resets and green destructions are made one at a time
+ * (the engine's part of them): the slot a call closed is reopened or torn
+ * down by the same call. */
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local struct cd_ctx *closed;
+static _Thread_local CUdevice closed_device;
+
+/* Closes dev's primary slot before a call that may end the context. */
+static void close_primary(CUdevice dev)
+{
+    pthread_mutex_lock(&primary_lock);
+    closed = cd_ctx_primary(dev);
+    closed_device = dev;
+    if (closed)
+        cd_ctx_close(closed);
+}
+
+/* After the call: reopens the slot if the driver says the context lives,
+ * else tears it down after the fact. */
+static void settle_primary(void)
+{
+    struct cd_ctx *c = closed;
+    closed = NULL;
+    if (c) {
+        const struct cd_driver_ops *ops = cd_driver_ops();
+        unsigned flags = 0;
+        int active = 1;
+        if (!ops || ops->primary_get_state(closed_device, &flags, &active) != CUDA_SUCCESS)
+            active = 1;
+        if (active) {
+            cd_ctx_reopen(c);
+        } else {
+            cd_capture_context_gone(atomic_load(&c->handle));
+            tear(c, false);
+        }
+    }
+    pthread_mutex_unlock(&primary_lock);
+}
+
+void cd_primary_retained(CUdevice dev, CUcontext ctx)
+{
+    (void)dev;
+    cd_context_created(ctx);
 }
 
 void cd_primary_releasing(CUdevice dev)
 {
-    if (dev < 0 || dev >= MAX_DEVICES || !cd_enabled())
-        return;
-    /* A release the shim did not see retained counts as the last one:
-     * tearing down early only costs a wait, never a leak. */
-    if (atomic_fetch_sub(&primaries[dev].refs, 1) <= 1) {
-        atomic_store(&primaries[dev].refs, 0);
-        cd_context_teardown(atomic_load(&primaries[dev].ctx));
-    }
+    if (cd_engine_on())
+        close_primary(dev);
+    else
+        pthread_mutex_lock(&primary_lock);
+}
+
+void cd_primary_released(CUdevice dev)
+{
+    (void)dev;
+    settle_primary();
 }
 
 void cd_primary_resetting(CUdevice dev)
 {
-    if (dev < 0 || dev >= MAX_DEVICES || !cd_enabled())
+    if (!cd_engine_on())
         return;
-    atomic_store(&primaries[dev].refs, 0);
-    cd_context_teardown(atomic_load(&primaries[dev].ctx));
+    pthread_mutex_lock(&primary_lock);
+    struct cd_ctx *c = cd_ctx_primary(dev);
+    if (c) {
+        CUcontext ctx = atomic_load(&c->handle);
+        cd_capture_context_gone(ctx);
+        cd_ctx_close(c);
+        struct cd_scope sc;
+        cd_scope_enter(&sc, ctx, true);
+        tear(c, true);
+        cd_scope_leave(&sc);
+    }
+    pthread_mutex_unlock(&primary_lock);
 }
 
-void cd_primaries_reset(void)
+void cd_green_seen(CUgreenCtx green, CUcontext ctx)
 {
-    for (int i = 0; i < MAX_DEVICES; i++) {
-        atomic_store(&primaries[i].refs, 0);
-        atomic_store(&primaries[i].ctx, NULL);
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (!cd_engine_on() || !green || !ctx)
+        return;
+    struct cd_alias a = {green, ctx, NULL, 0};
+    struct cd_scope sc;
+    cd_scope_enter(&sc, ctx, false);
+    CUresult rc = ops->ctx_get_device(&a.device);
+    cd_scope_leave(&sc);
+    /* The green context holds a reference on the primary context: a retain
+     * and a release of it are not its last. */
+    if (rc != CUDA_SUCCESS || ops->primary_retain(&a.primary, a.device) != CUDA_SUCCESS)
+        return;
+    ops->primary_release(a.device);
+    cd_ctx_alias_add(&a);
+    cd_ctx_get(a.primary);
+}
+
+/* The device of a green context the engine did not see converted. */
+static bool green_device(CUgreenCtx green, struct cd_alias *a)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (!ops->ctx_from_green || ops->ctx_from_green(&a->ctx, green) != CUDA_SUCCESS)
+        return false;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, a->ctx, false);
+    CUresult rc = ops->ctx_get_device(&a->device);
+    cd_scope_leave(&sc);
+    return rc == CUDA_SUCCESS;
+}
+
+void cd_green_destroying(CUgreenCtx green)
+{
+    struct cd_alias a;
+    if (!cd_engine_on() || (!cd_ctx_alias_remove(green, &a) && !green_device(green, &a))) {
+        pthread_mutex_lock(&primary_lock);
+        closed = NULL;
+        return;
     }
+    cd_capture_context_gone(a.ctx);
+    close_primary(a.device);
+}
+
+void cd_green_destroyed(CUgreenCtx green)
+{
+    (void)green;
+    settle_primary();
 }

@@ -1,70 +1,112 @@
-/* waiter.c - the waiter thread, which finishes device frees in flight.
- *
- * It polls the completion event of each free and synchronises each
- * completed one: a host synchronisation is what returns freed memory to the
- * driver's allocator (a successful query is not enough). It polls rather
- * than blocks, so that it is never inside a long driver call when the
- * process exits, and it runs in the relaxed capture mode so that its
- * queries never invalidate a capture.
- */
-#include "engine.h"
-#include "lifecycle.h"
+/* waiter.c - the waiter thread. */
+#include "waiter.h"
 
-#include "backends.h"
-#include "contexts.h"
+#include "clock.h"
 #include "driver.h"
+#include "fence.h"
+#include "capture.h"
 #include "log.h"
-#include "options.h"
-#include "queue.h"
 #include "registry.h"
 #include "stats.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 
-static sem_t work;
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake_cond;
+static bool work_posted;
 static _Atomic bool stopping;
-static _Atomic bool waiter_running;
-static pthread_t waiter;
-static _Atomic long long frees_pending;
+static _Atomic bool running;
+static pthread_t thread;
+/* Frees issued and watches made, not yet settled or seen through. */
+static _Atomic long long pending;
 
-/* Set while the waiter sleeps for want of work: only then does a new free
- * post to wake it (a napping waiter finds it at its next pass). */
-static _Atomic bool waiter_idle;
+/* Set while the waiter sleeps for want of work: only then does new work
+ * post to wake it (a napping waiter finds it within a millisecond). The
+ * work is counted before asleep is read, and asleep is set before the count
+ * is read again: one of the two sees the other. */
+static _Atomic bool asleep;
 
-static void wake_waiter(void)
+static void post(void)
 {
-    sem_post(&work);
+    pthread_mutex_lock(&wake_lock);
+    work_posted = true;
+    pthread_cond_signal(&wake_cond);
+    pthread_mutex_unlock(&wake_lock);
 }
 
-void cd_queue_inflight(struct cd_ctx *cs, struct cd_record *r)
+static void wake(void)
 {
-    atomic_fetch_add(&frees_pending, 1);
-    cd_push(&cs->inflight, r);
-    if (atomic_exchange(&waiter_idle, false))
-        wake_waiter();
+    if (atomic_load(&asleep))
+        post();
 }
 
-long long cd_frees_pending(void)
+/* Sleeps until work is posted or, when usec is not 0, usec have passed. */
+static void sleep_for(unsigned usec)
 {
-    return atomic_load(&frees_pending);
+    pthread_mutex_lock(&wake_lock);
+    if (usec) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)usec * 1000;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        while (!work_posted && !atomic_load(&stopping) &&
+               pthread_cond_timedwait(&wake_cond, &wake_lock, &ts) != ETIMEDOUT)
+            ;
+    } else {
+        atomic_store(&asleep, true);
+        while (!work_posted && !atomic_load(&stopping) && atomic_load(&pending) == 0)
+            pthread_cond_wait(&wake_cond, &wake_lock);
+        atomic_store(&asleep, false);
+    }
+    work_posted = false;
+    pthread_mutex_unlock(&wake_lock);
 }
 
-void cd_frees_done(long long n)
+void cd_waiter_add(struct cd_ctx *c, struct cd_record *r)
 {
-    atomic_fetch_sub(&frees_pending, n);
+    atomic_fetch_add(&pending, 1);
+    pthread_mutex_lock(&c->lock);
+    cd_list_append(&c->inflight, &r->age);
+    pthread_mutex_unlock(&c->lock);
+    wake();
 }
 
-/* Finishes the records of a batch whose marker gave q. */
-static int finish_batch(struct cd_batch *b, CUresult q)
+void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind)
 {
-    int n = 0;
-    for (struct cd_record *r = b->records, *next; r; r = next) {
-        next = r->queue_next;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_watch *w = malloc(sizeof *w);
+    if (!w)
+        return;
+    w->since_ns = cd_now_ns();
+    w->kind = kind;
+    if (cd_ctx_event_get(c, &w->event) != CUDA_SUCCESS) {
+        free(w);
+        return;
+    }
+    if (ops->event_record(w->event, c->priv) != CUDA_SUCCESS) {
+        cd_ctx_event_put(c, w->event);
+        free(w);
+        return;
+    }
+    atomic_fetch_add(&pending, 1);
+    pthread_mutex_lock(&c->lock);
+    cd_list_append(&c->watches, &w->link);
+    pthread_mutex_unlock(&c->lock);
+    wake();
+}
+
+/* Ends the records of a settled batch. */
+static size_t end_records(struct cd_link *records, CUresult q)
+{
+    size_t n = 0;
+    while (!cd_list_empty(records)) {
+        struct cd_record *r = CD_CONTAINER(records->next, struct cd_record, age);
+        cd_list_remove(&r->age);
         if (q != CUDA_SUCCESS) {
             cd_log(CD_LOG_ERROR, "device free of %#lx: the driver reported error %d",
                    (unsigned long)r->key, (int)q);
@@ -72,104 +114,147 @@ static int finish_batch(struct cd_batch *b, CUresult q)
         } else {
             atomic_fetch_add(&cd_stats.released[r->kind], 1);
         }
-        cd_finish(r);
+        cd_registry_end(r, CD_GONE);
         n++;
     }
+    atomic_fetch_sub(&pending, (long long)n);
     return n;
 }
 
-/* Puts the frees just taken behind a marker event on the private stream. */
-static void open_batch(struct cd_ctx *cs, const struct cd_driver_ops *ops,
-                       struct cd_record *records)
+/* Puts the frees issued since the last pass behind a marker; under
+ * drain_lock. */
+static void open_batch(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
+    struct cd_link fresh;
+    cd_list_init(&fresh);
+    pthread_mutex_lock(&c->lock);
+    cd_list_splice(&fresh, &c->inflight);
+    pthread_mutex_unlock(&c->lock);
+    if (cd_list_empty(&fresh))
+        return;
     struct cd_batch *b = calloc(1, sizeof *b);
     if (!b) {
-        /* Without a batch the records are finished at once: the registry
-         * forgets them early, which is harmless, as the driver hands their
-         * addresses out again only once the frees are done. */
-        cd_log(CD_LOG_ERROR, "out of memory for a batch of device frees");
-        struct cd_batch now = {.records = records};
-        cd_frees_done(finish_batch(&now, CUDA_SUCCESS));
+        /* Settled at once: the registry forgets them early, which is
+         * harmless (the driver hands their addresses out only once the
+         * frees are done). */
+        end_records(&fresh, CUDA_SUCCESS);
         return;
     }
-    b->records = records;
-    if (cd_ctx_event_get(cs, &b->marker) == CUDA_SUCCESS &&
-        ops->event_record(b->marker, cs->priv) != CUDA_SUCCESS) {
-        cd_ctx_event_put(cs, b->marker);
+    cd_list_init(&b->records);
+    cd_list_splice(&b->records, &fresh);
+    if (cd_ctx_event_get(c, &b->marker) == CUDA_SUCCESS &&
+        ops->event_record(b->marker, c->priv) != CUDA_SUCCESS) {
+        cd_ctx_event_put(c, b->marker);
         b->marker = NULL;
     }
-    struct cd_batch **tail = &cs->batches;
+    struct cd_batch **tail = &c->batches;
     while (*tail)
         tail = &(*tail)->next;
     *tail = b;
 }
 
-
-/* One pass over a context's device frees in flight: new ones get a marker,
- * completed batches are synchronised (at once: their marker has completed)
- * and finished. Sets *pending when some are still running. */
-static int drain_context(struct cd_ctx *cs, const struct cd_driver_ops *ops, bool *pending)
+size_t cd_waiter_settle(struct cd_ctx *c, bool wait)
 {
-    struct cd_batch *done = NULL, **done_tail = &done;
-    CUresult results[64];
-    int ndone = 0;
-    pthread_mutex_lock(&cs->lock);
-    if (atomic_load(&cs->state) != CD_CTX_READY) {
-        pthread_mutex_unlock(&cs->lock);
-        return 0;
-    }
+    const struct cd_driver_ops *ops = cd_driver_ops();
     struct cd_scope sc;
-    cd_scope_enter(&sc, atomic_load(&cs->handle), false);
-    struct cd_record *fresh = cd_take_all(&cs->inflight);
-    if (fresh)
-        open_batch(cs, ops, fresh);
-    while (cs->batches && ndone < 64) {
-        struct cd_batch *b = cs->batches;
+    cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    if (wait)
+        ops->stream_synchronize(c->priv);
+    size_t n = 0;
+    pthread_mutex_lock(&c->drain_lock);
+    open_batch(c, ops);
+    while (c->batches) {
+        struct cd_batch *b = c->batches;
         CUresult q = b->marker ? ops->event_query(b->marker) : CUDA_SUCCESS;
-        if (q == CUDA_ERROR_NOT_READY) {
-            *pending = true;
+        if (q == CUDA_ERROR_NOT_READY)
             break;
-        }
+        /* Completed: the synchronisation returns at once and gives the
+         * memory back to the driver's allocator. */
         if (q == CUDA_SUCCESS && b->marker)
             q = ops->event_synchronize(b->marker);
-        cs->batches = b->next;
-        /* The pool goes with the context at teardown: give the marker back
-         * while the context cannot be torn down. */
-        cd_ctx_event_put(cs, b->marker);
-        b->next = NULL;
-        *done_tail = b;
-        done_tail = &b->next;
-        results[ndone++] = q;
+        c->batches = b->next;
+        cd_ctx_event_put(c, b->marker);
+        n += end_records(&b->records, q);
+        free(b);
     }
-    if (cs->batches)
-        *pending = true;
-    if (!cs->ctx_record)
-        cd_ctx_prune_finals(cs);
+    pthread_mutex_unlock(&c->drain_lock);
     cd_scope_leave(&sc);
-    pthread_mutex_unlock(&cs->lock);
-
-    int n = 0;
-    for (int i = 0; done; i++) {
-        struct cd_batch *next = done->next;
-        n += finish_batch(done, results[i]);
-        free(done);
-        done = next;
-    }
-    cd_frees_done(n);
     return n;
 }
 
-static void sleep_or_wake(unsigned usec)
+bool cd_waiter_pending(struct cd_ctx *c)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)usec * 1000;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&c->drain_lock);
+    bool busy = c->batches != NULL;
+    pthread_mutex_unlock(&c->drain_lock);
+    pthread_mutex_lock(&c->lock);
+    busy = busy || !cd_list_empty(&c->inflight);
+    pthread_mutex_unlock(&c->lock);
+    return busy;
+}
+
+/* Watches whose work has ended, in order (the private stream runs in
+ * order). */
+static void see_watches(struct cd_ctx *c, const struct cd_driver_ops *ops)
+{
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        struct cd_watch *w = cd_list_empty(&c->watches)
+                                 ? NULL
+                                 : CD_CONTAINER(c->watches.next, struct cd_watch, link);
+        pthread_mutex_unlock(&c->lock);
+        if (!w || ops->event_query(w->event) == CUDA_ERROR_NOT_READY)
+            return;
+        pthread_mutex_lock(&c->lock);
+        cd_list_remove(&w->link);
+        pthread_mutex_unlock(&c->lock);
+        cd_stats_add_avoided(w->kind, cd_now_ns() - w->since_ns);
+        cd_ctx_event_put(c, w->event);
+        free(w);
+        atomic_fetch_sub(&pending, 1);
     }
-    while (sem_timedwait(&work, &ts) != 0 && errno == EINTR)
-        ;
+}
+
+void cd_waiter_forget(struct cd_ctx *c, bool alive)
+{
+    pthread_mutex_lock(&c->drain_lock);
+    open_batch(c, cd_driver_ops());
+    while (c->batches) {
+        struct cd_batch *b = c->batches;
+        c->batches = b->next;
+        if (alive)
+            cd_ctx_event_put(c, b->marker);
+        end_records(&b->records, CUDA_SUCCESS);
+        free(b);
+    }
+    pthread_mutex_unlock(&c->drain_lock);
+    pthread_mutex_lock(&c->lock);
+    while (!cd_list_empty(&c->watches)) {
+        struct cd_watch *w = CD_CONTAINER(c->watches.next, struct cd_watch, link);
+        cd_list_remove(&w->link);
+        if (alive)
+            cd_ctx_event_put(c, w->event);
+        free(w);
+        atomic_fetch_sub(&pending, 1);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+struct pass {
+    const struct cd_driver_ops *ops;
+    size_t done;
+};
+
+static void visit(struct cd_ctx *c, void *arg)
+{
+    struct pass *p = arg;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    p->done += cd_waiter_settle(c, false);
+    see_watches(c, p->ops);
+    cd_fence_prune(c);
+    cd_ctx_exit(c);
 }
 
 static void *waiter_main(void *arg)
@@ -179,78 +264,71 @@ static void *waiter_main(void *arg)
     /* Queries from this thread must never invalidate a capture. */
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     ops->exchange_capture_mode(&mode);
-    unsigned nap = 0;
+    unsigned nap = 0, captures = 0;
     while (!atomic_load(&stopping)) {
-        bool pending = false;
-        int done = 0;
-        for (int i = 0; i < CD_MAX_CONTEXTS; i++)
-            if (atomic_load(&cd_contexts[i].state) == CD_CTX_READY)
-                done += drain_context(&cd_contexts[i], ops, &pending);
-        if (!pending && cd_frees_pending() == 0) {
-            /* Idle is announced before the last look at the count, and a
-             * free counts itself before it looks at idle: one of the two
-             * sees the other. */
-            atomic_store(&waiter_idle, true);
-            if (cd_frees_pending() == 0 && !atomic_load(&stopping))
-                while (sem_wait(&work) != 0 && errno == EINTR)
-                    ;
-            atomic_store(&waiter_idle, false);
+        struct pass p = {ops, 0};
+        cd_ctx_each(visit, &p);
+        /* Now and then, captures that ended where cudefer did not see. */
+        if (cd_capture_live() && ++captures % 64 == 0)
+            cd_capture_check();
+        if (atomic_load(&pending) == 0 && !cd_capture_live()) {
             nap = 0;
+            sleep_for(0);
             continue;
         }
-        /* Frees arriving while the GPU is busy are batched: the waiter looks
+        /* Work arriving while the GPU is busy is batched: the waiter looks
          * again after a nap that grows to 1 ms while nothing completes. */
-        nap = done ? 50 : (nap ? (nap * 2 > 1000 ? 1000 : nap * 2) : 50);
-        sleep_or_wake(nap);
+        nap = p.done ? 50 : (nap ? (nap * 2 > 1000 ? 1000 : nap * 2) : 50);
+        sleep_for(nap);
     }
     return NULL;
 }
 
-static _Atomic bool exit_registered;
-
-static void at_exit(void)
+static void init_cond(void)
 {
-    /* The driver may tear itself down after this: nothing is released from
-     * here on, and the waiter stops touching it. */
-    atomic_store(&stopping, true);
-    if (atomic_exchange(&waiter_running, false)) {
-        wake_waiter();
-        pthread_join(waiter, NULL);
-    }
-    cd_stats_report();
-}
-
-void cd_lifecycle_start(void)
-{
-    if (atomic_exchange(&waiter_running, true))
-        return;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int err = pthread_create(&waiter, NULL, waiter_main, NULL);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (err) {
-        cd_log(CD_LOG_ERROR, "cannot start the waiter thread (error %d): device frees "
-               "are finished at flush points only", err);
-        atomic_store(&waiter_running, false);
-    }
-    /* Registered after the CUDA runtime's own exit handler, so it runs
-     * before the runtime and the driver tear down. */
-    if (!atomic_exchange(&exit_registered, true))
-        atexit(at_exit);
-    cd_options_print();
-}
-
-void cd_waiter_reset(void)
-{
-    atomic_store(&frees_pending, 0);
-    atomic_store(&waiter_idle, false);
-    atomic_store(&waiter_running, false);
-    atomic_store(&stopping, false);
-    sem_init(&work, 0, 0);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&wake_cond, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 __attribute__((constructor)) static void waiter_init(void)
 {
-    sem_init(&work, 0, 0);
+    init_cond();
+}
+
+void cd_waiter_start(void)
+{
+    if (atomic_exchange(&running, true))
+        return;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(&thread, NULL, waiter_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err) {
+        cd_log(CD_LOG_ERROR, "cannot start the waiter thread (error %d): device frees are "
+               "settled at flush points only", err);
+        atomic_store(&running, false);
+    }
+}
+
+void cd_waiter_stop(void)
+{
+    atomic_store(&stopping, true);
+    post();
+    if (atomic_exchange(&running, false))
+        pthread_join(thread, NULL);
+}
+
+void cd_waiter_reset(void)
+{
+    pthread_mutex_init(&wake_lock, NULL);
+    init_cond();
+    work_posted = false;
+    atomic_store(&pending, 0);
+    atomic_store(&asleep, false);
+    atomic_store(&running, false);
+    atomic_store(&stopping, false);
 }

@@ -1,0 +1,335 @@
+/* books.c - a context's deferred entries, bins and sums. */
+#include "books.h"
+
+#include "backends.h"
+#include "options.h"
+#include "stats.h"
+
+#include <stdlib.h>
+
+/* ---- pending registrations --------------------------------------------- */
+
+static _Atomic long long registered_pending;
+static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct range {
+    uintptr_t lo, hi;
+} *ranges;
+static size_t nranges, cap_ranges;
+
+static void note_range(const struct cd_record *r, int sign)
+{
+    struct range want = {r->key, r->key + r->bytes};
+    atomic_fetch_add(&registered_pending, sign);
+    pthread_mutex_lock(&ranges_lock);
+    if (sign > 0 && nranges == cap_ranges) {
+        size_t cap = cap_ranges ? cap_ranges * 2 : 16;
+        struct range *p = realloc(ranges, cap * sizeof *p);
+        if (p) {
+            ranges = p;
+            cap_ranges = cap;
+        }
+    }
+    /* Without room the range is not noted; the registration's own
+     * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED still leads to a flush. */
+    if (sign > 0 && nranges < cap_ranges)
+        ranges[nranges++] = want;
+    for (size_t i = 0; sign < 0 && i < nranges; i++) {
+        if (ranges[i].lo == want.lo && ranges[i].hi == want.hi) {
+            ranges[i] = ranges[--nranges];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ranges_lock);
+}
+
+void cd_books_unregistered(struct cd_record *r)
+{
+    if (r->kind == CD_REGISTERED && r->pending) {
+        r->pending = false;
+        note_range(r, -1);
+    }
+}
+
+long long cd_books_registered_pending(void)
+{
+    return atomic_load(&registered_pending);
+}
+
+bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
+{
+    bool found = false;
+    pthread_mutex_lock(&ranges_lock);
+    for (size_t i = 0; i < nranges && !found; i++)
+        found = ranges[i].lo < hi && lo < ranges[i].hi;
+    pthread_mutex_unlock(&ranges_lock);
+    return found;
+}
+
+void cd_books_reset(void)
+{
+    pthread_mutex_init(&ranges_lock, NULL);
+    nranges = 0;
+    atomic_store(&registered_pending, 0);
+}
+
+/* ---- sums ------------------------------------------------------------------ */
+
+static void account(struct cd_ctx *c, const struct cd_record *r, int sign)
+{
+    long long bytes = sign * (long long)r->bytes;
+    if (r->kind == CD_DEVICE) {
+        c->cached_bytes += bytes;
+        c->cached_entries += sign;
+        cd_stats_add_cached_device_bytes(bytes);
+        return;
+    }
+    c->held_bytes += bytes;
+    c->held_entries += sign;
+    cd_stats_add_deferred_bytes(bytes);
+}
+
+/* ---- bins -------------------------------------------------------------------- */
+
+static size_t bin_slot(enum cd_kind kind, size_t bytes, unsigned flags)
+{
+    uint64_t h = (uint64_t)bytes * 0x9e3779b97f4a7c15ull ^ ((uint64_t)flags << 8) ^ (uint64_t)kind;
+    return (size_t)(h >> 56) % CD_BIN_BUCKETS;
+}
+
+static struct cd_bin **bin_link(struct cd_ctx *c, enum cd_kind kind, size_t bytes, unsigned flags)
+{
+    struct cd_bin **link = &c->bins[bin_slot(kind, bytes, flags)];
+    while (*link && !((*link)->kind == kind && (*link)->bytes == bytes && (*link)->flags == flags))
+        link = &(*link)->next;
+    return link;
+}
+
+/* Adds r to its bin, made if needed; without memory for a bin, r is only
+ * on the age list (it is not reused, it is released in order). */
+static void bin_add(struct cd_ctx *c, struct cd_record *r)
+{
+    struct cd_bin **link = bin_link(c, (enum cd_kind)r->kind, r->bytes, r->flags);
+    if (!*link) {
+        struct cd_bin *b = calloc(1, sizeof *b);
+        if (!b)
+            return;
+        b->kind = (enum cd_kind)r->kind;
+        b->bytes = r->bytes;
+        b->flags = r->flags;
+        cd_list_init(&b->list);
+        *link = b;
+    }
+    cd_list_append(&(*link)->list, &r->bin);
+    (*link)->n++;
+}
+
+static void bin_remove(struct cd_ctx *c, struct cd_record *r)
+{
+    if (!cd_linked(&r->bin))
+        return;
+    cd_list_remove(&r->bin);
+    struct cd_bin **link = bin_link(c, (enum cd_kind)r->kind, r->bytes, r->flags);
+    struct cd_bin *b = *link;
+    if (b && --b->n == 0) {
+        *link = b->next;
+        free(b);
+    }
+}
+
+/* ---- entries ----------------------------------------------------------------- */
+
+void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
+{
+    /* A registration's range stays pending from its first deferral until
+     * its driver unregister is done (cd_books_unregistered), whoever holds
+     * the entry meanwhile. */
+    if (r->kind == CD_REGISTERED && !r->pending) {
+        r->pending = true;
+        note_range(r, +1);
+    }
+    pthread_mutex_lock(&c->lock);
+    account(c, r, +1);
+    cd_list_append(&c->deferred, &r->age);
+    if (cd_backend((enum cd_kind)r->kind)->reusable && !r->exported)
+        bin_add(c, r);
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool cd_books_room(struct cd_ctx *c, const struct cd_record *r)
+{
+    if (r->kind == CD_DEVICE)
+        return true;
+    long long max_bytes = cd_option_int(CD_OPT_MAX_DEFERRED_BYTES);
+    long long max_entries = cd_option_int(CD_OPT_MAX_DEFERRED_ENTRIES);
+    pthread_mutex_lock(&c->lock);
+    bool room = c->held_bytes + (long long)r->bytes <= max_bytes && c->held_entries < max_entries;
+    pthread_mutex_unlock(&c->lock);
+    return room;
+}
+
+/* Under c->lock. */
+static void take_locked(struct cd_ctx *c, struct cd_record *r)
+{
+    if (r->claimed) {
+        r->claimed = false;
+        c->claims--;
+    }
+    bin_remove(c, r);
+    cd_list_remove(&r->age);
+    account(c, r, -1);
+}
+
+void cd_books_take(struct cd_ctx *c, struct cd_record *r)
+{
+    pthread_mutex_lock(&c->lock);
+    take_locked(c, r);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Takes the entries for which want() says yes, oldest first, until it says
+ * stop; under c->lock. */
+static size_t take_while(struct cd_ctx *c, struct cd_link *out,
+                         int (*want)(struct cd_ctx *c, struct cd_record *r, void *arg), void *arg)
+{
+    size_t n = 0;
+    struct cd_link *e = c->deferred.next;
+    while (e != &c->deferred) {
+        struct cd_link *next = e->next;
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        int w = want(c, r, arg);
+        if (w < 0)
+            break;
+        if (w > 0) {
+            take_locked(c, r);
+            cd_list_append(out, &r->age);
+            n++;
+        }
+        e = next;
+    }
+    return n;
+}
+
+static int want_kinds(struct cd_ctx *c, struct cd_record *r, void *arg)
+{
+    (void)c;
+    return !r->claimed && (*(unsigned *)arg & (1u << r->kind));
+}
+
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, struct cd_link *out)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t n = take_while(c, out, want_kinds, &mask);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+struct cache_limit {
+    long long bytes, blocks;
+};
+
+static int want_over_cache(struct cd_ctx *c, struct cd_record *r, void *arg)
+{
+    const struct cache_limit *l = arg;
+    if (c->cached_bytes <= l->bytes && c->cached_entries <= l->blocks)
+        return -1;
+    return r->kind == CD_DEVICE && r->done && !r->claimed;
+}
+
+bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks)
+{
+    pthread_mutex_lock(&c->lock);
+    bool over = c->cached_bytes > bytes || c->cached_entries > blocks;
+    pthread_mutex_unlock(&c->lock);
+    return over;
+}
+
+size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks,
+                                struct cd_link *out)
+{
+    struct cache_limit l = {bytes, blocks};
+    pthread_mutex_lock(&c->lock);
+    size_t n = 0;
+    if (c->cached_bytes > bytes || c->cached_entries > blocks)
+        n = take_while(c, out, want_over_cache, &l);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+static int want_passed(struct cd_ctx *c, struct cd_record *r, void *arg)
+{
+    (void)c;
+    bool (*pass)(struct cd_record *) = *(bool (**)(struct cd_record *))arg;
+    if (r->kind != CD_DEVICE || !r->done || r->claimed)
+        return 0;
+    return pass(r) ? 1 : -1;
+}
+
+size_t cd_books_take_passed(struct cd_ctx *c, bool (*pass)(struct cd_record *r),
+                            struct cd_link *out)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t n = take_while(c, out, want_passed, &pass);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+static int want_unfenced(struct cd_ctx *c, struct cd_record *r, void *arg)
+{
+    (void)c;
+    (void)arg;
+    return !r->done && !r->claimed;
+}
+
+size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t n = take_while(c, out, want_unfenced, NULL);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
+                                 unsigned flags, uintptr_t max_key, size_t *depth)
+{
+    struct cd_record *found = NULL;
+    pthread_mutex_lock(&c->lock);
+    struct cd_bin *b = *bin_link(c, kind, bytes, flags);
+    *depth = b ? b->n : 0;
+    for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
+        if (!r->claimed && r->done && r->key < max_key) {
+            found = r;
+            r->claimed = true;
+            c->claims++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
+void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r)
+{
+    pthread_mutex_lock(&c->lock);
+    if (r->claimed) {
+        r->claimed = false;
+        c->claims--;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool cd_books_empty(struct cd_ctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    bool empty = cd_list_empty(&c->deferred) && cd_list_empty(&c->inflight);
+    pthread_mutex_unlock(&c->lock);
+    return empty;
+}
+
+int cd_books_claims(struct cd_ctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int n = c->claims;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}

@@ -1,0 +1,71 @@
+/* books.h - what a context holds for the program, and how much.
+ *
+ * Each context's deferred releases, oldest first, with the reusable ones
+ * (device, managed and pinned memory) also in bins of equal blocks, and
+ * the sums the limits are checked against. Every function takes the
+ * context's lock itself, for a few instructions; none calls the driver;
+ * none waits. The caller has entered the context (cd_ctx_enter).
+ *
+ * Also here: the ranges of registrations whose driver unregister is still
+ * pending, which a new registration must not overlap.
+ */
+#ifndef CUDEFER_BOOKS_H
+#define CUDEFER_BOOKS_H
+
+#include "contexts.h"
+
+/* Puts the retired record r (fenced or not) on c's books. */
+void cd_books_defer(struct cd_ctx *c, struct cd_record *r);
+
+/* Whether c holds room for r within CUDEFER_MAX_DEFERRED_BYTES and
+ * _ENTRIES (device memory has the cache limit instead: always true). */
+bool cd_books_room(struct cd_ctx *c, const struct cd_record *r);
+
+/* Takes r, which is on c's books, off them (claimed by the caller or not). */
+void cd_books_take(struct cd_ctx *c, struct cd_record *r);
+
+/* Takes every entry whose kind is in mask and that no reuse claims off c's
+ * books, oldest first, onto out (by their age links). Returns how many. */
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, struct cd_link *out);
+
+/* Whether c's cache of device blocks holds more than bytes or blocks. */
+bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);
+
+/* Takes the oldest fenced device blocks off c's books, onto out, until the
+ * cache holds at most bytes and blocks. Returns how many. */
+size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks,
+                                struct cd_link *out);
+
+/* Takes the device blocks whose fence the caller found passed: the oldest
+ * fenced ones while pass(r) says so (fences pass in order). */
+size_t cd_books_take_passed(struct cd_ctx *c, bool (*pass)(struct cd_record *r),
+                            struct cd_link *out);
+
+/* Takes the entries queued unfenced (while a capture was live). */
+size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out);
+
+/* Claims the oldest fenced, unclaimed block of (kind, bytes, flags) whose
+ * key is below max_key, for a reuse: it stays on the books, and flushes
+ * leave it alone, until cd_books_take or cd_books_unclaim. *depth is how
+ * many blocks that bin holds. NULL when there is none. */
+struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
+                                 unsigned flags, uintptr_t max_key, size_t *depth);
+void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r);
+
+/* Whether c's books hold anything (frees not yet batched included), and
+ * how many entries reuses claim. */
+bool cd_books_empty(struct cd_ctx *c);
+int cd_books_claims(struct cd_ctx *c);
+
+/* The driver's unregister of r is done, or its context's destruction undid
+ * the registration: its range is no longer pending. */
+void cd_books_unregistered(struct cd_record *r);
+
+/* Registrations whose unregister is pending, in every context. */
+long long cd_books_registered_pending(void);
+bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
+
+/* Forgets the pending ranges (a forked child). */
+void cd_books_reset(void);
+
+#endif

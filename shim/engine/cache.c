@@ -1,0 +1,197 @@
+/* cache.c - allocations: reuse of released blocks, tracking, and what an
+ * allocation costs.
+ *
+ * A released block of device, managed or pinned memory may serve a later
+ * allocation of the same kind, size and flags in the same context, once no
+ * work submitted before its release can still use it: its fence has passed.
+ * Then the block is the program's at once, host-visible memory included,
+ * as after the driver's own allocation. Blocks exported through IPC are
+ * never reused, and a 32-bit call gets only a block below 4 GiB.
+ *
+ * When the GPU still runs the work before the oldest such block, the
+ * allocation either asks the driver for a new block or waits for that one.
+ * It waits only when its bin already holds REUSE_DEPTH blocks (fewer, and a
+ * new block lets the GPU keep several iterations of a loop in flight), and
+ * only for as long as an allocation of that kind and size was measured to
+ * take in this process: waiting can cost at most what it saves, and a
+ * kernel that waits for this thread only delays the allocation by that
+ * much. CUDEFER_REUSE_WAIT=0 never waits.
+ */
+#include "engine.h"
+
+#include "backends.h"
+#include "books.h"
+#include "capture.h"
+#include "clock.h"
+#include "contexts.h"
+#include "driver.h"
+#include "log.h"
+#include "nvtx.h"
+#include "options.h"
+#include "registry.h"
+#include "retire.h"
+#include "stats.h"
+
+#include <sched.h>
+#include <time.h>
+
+/* Blocks of one kind, size and flags kept in rotation before a reuse waits
+ * for the oldest rather than allocating. */
+#define REUSE_DEPTH 4
+
+/* ---- what an allocation costs ---------------------------------------------- */
+
+/* The measured duration of an allocation, per kind and power of two of its
+ * size: an exponential average of the calls that succeeded at once. */
+#define SIZE_CLASSES 48
+static _Atomic uint64_t cost_ns[CD_KIND_COUNT][SIZE_CLASSES];
+
+static int size_class(size_t bytes)
+{
+    int c = 0;
+    while (bytes > 1 && c < SIZE_CLASSES - 1) {
+        bytes >>= 1;
+        c++;
+    }
+    return c;
+}
+
+static void note_cost(enum cd_kind kind, size_t bytes, uint64_t ns)
+{
+    _Atomic uint64_t *slot = &cost_ns[kind][size_class(bytes)];
+    uint64_t old = atomic_load_explicit(slot, memory_order_relaxed);
+    uint64_t avg = old ? old - old / 8 + ns / 8 : ns;
+    atomic_store_explicit(slot, avg, memory_order_relaxed);
+}
+
+static uint64_t expected_cost(enum cd_kind kind, size_t bytes)
+{
+    return atomic_load_explicit(&cost_ns[kind][size_class(bytes)], memory_order_relaxed);
+}
+
+/* ---- allocations -------------------------------------------------------------- */
+
+void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, size_t bytes,
+                    unsigned flags, bool narrow)
+{
+    a->kind = kind;
+    a->bytes = bytes;
+    a->flags = flags;
+    a->max_key = narrow ? (uintptr_t)1 << 32 : UINTPTR_MAX;
+    a->start_ns = cd_now_ns();
+    a->level = 0;
+    a->call = call;
+}
+
+/* Polls r's fence until it passes or the deadline; in the relaxed capture
+ * mode, so that a capture another thread starts meanwhile stays valid. */
+static bool wait_fence(struct cd_record *r, uint64_t deadline)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_scope sc;
+    cd_scope_enter(&sc, NULL, true);
+    cd_range_push("cudefer: allocation waits for a released block");
+    bool passed = false;
+    for (unsigned spins = 0;; spins++) {
+        CUresult q = ops->event_query(r->done);
+        if (q != CUDA_ERROR_NOT_READY) {
+            passed = q == CUDA_SUCCESS;
+            break;
+        }
+        if (cd_now_ns() >= deadline)
+            break;
+        if (spins < 64) {
+            sched_yield();
+            continue;
+        }
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+    cd_range_pop();
+    cd_scope_leave(&sc);
+    return passed;
+}
+
+/* Whether a bounded wait for r is allowed, and for how long. */
+static uint64_t wait_bound(const struct cd_alloc *a, size_t depth)
+{
+    if (depth < REUSE_DEPTH || !cd_option_bool(CD_OPT_REUSE_WAIT))
+        return 0;
+    return expected_cost(a->kind, a->bytes);
+}
+
+/* Claims the oldest block that may serve a and, inside the capture gate
+ * (an event query from a thread in the global capture mode would invalidate
+ * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
+ * CUDA_ERROR_NOT_READY, or another code when there is none. */
+static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_record **r,
+                      size_t *depth)
+{
+    *r = NULL;
+    if (!cd_gate_enter())
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult q = CUDA_ERROR_NOT_FOUND;
+    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, depth);
+    if (*r)
+        q = cd_driver_ops()->event_query((*r)->done);
+    cd_gate_exit();
+    return q;
+}
+
+bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
+{
+    if (!a->bytes || !cd_backend(a->kind)->reusable || !cd_engine_on() ||
+        !cd_backend_on(a->kind))
+        return false;
+    struct cd_ctx *c = cd_ctx_current();
+    unsigned gen;
+    if (!c || !cd_ctx_enter_any(c, &gen))
+        return false;
+    size_t depth = 0;
+    struct cd_record *r;
+    CUresult q = claim(c, a, &r, &depth);
+    bool ready = q == CUDA_SUCCESS;
+    uint64_t bound = q == CUDA_ERROR_NOT_READY ? wait_bound(a, depth) : 0;
+    if (bound) {
+        uint64_t t0 = cd_now_ns();
+        ready = wait_fence(r, t0 + bound);
+        atomic_fetch_add(&cd_stats.reuse_waits, 1);
+        atomic_fetch_add(&cd_stats.reuse_wait_ns, cd_now_ns() - t0);
+    }
+    if (r && !ready)
+        cd_books_unclaim(c, r);
+    if (ready) {
+        cd_books_take(c, r);
+        cd_retire_drop_event(c, r);
+        cd_registry_unretire(r);
+        atomic_fetch_add(&cd_stats.reused[a->kind], 1);
+        cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_kind_name(a->kind), (unsigned long)r->key);
+        *key = r->key;
+    }
+    cd_ctx_exit(c);
+    return ready;
+}
+
+void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key)
+{
+    if (rc != CUDA_SUCCESS || !key || !cd_engine_on())
+        return;
+    if (a->level == 0 && a->bytes)
+        note_cost(a->kind, a->bytes, cd_now_ns() - a->start_ns);
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUcontext ctx = NULL;
+    if (ops->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) {
+        cd_alloc_untracked(key);
+        return;
+    }
+    struct cd_ctx *c = cd_ctx_get(ctx);
+    struct cd_record *r = c ? cd_record_new(a->kind, key, a->bytes, a->flags) : NULL;
+    if (!r) {
+        /* Its release passes through; a stale record of the address goes. */
+        cd_alloc_untracked(key);
+        return;
+    }
+    r->ctx = c;
+    r->gen = atomic_load(&c->gen);
+    cd_registry_insert(r);
+}

@@ -1,0 +1,139 @@
+/* fence.c - fences over every context. */
+#include "fence.h"
+
+#include "driver.h"
+#include "log.h"
+
+#include <stdlib.h>
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap * 2 : 16;
+    void *p = realloc(*arr, n * elem);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = n;
+    return true;
+}
+
+/* Before 12.5: an event on each stream the program made in o, and the final
+ * events of destroyed ones. */
+static CUresult fence_streams(struct cd_ctx *c, struct cd_ctx *o, const struct cd_driver_ops *ops)
+{
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&o->streams_lock);
+    for (size_t i = 0; i < o->nstreams && rc == CUDA_SUCCESS; i++) {
+        rc = ops->event_record(o->streams[i].event, o->streams[i].stream);
+        if (rc == CUDA_SUCCESS)
+            rc = ops->stream_wait_event(c->priv, o->streams[i].event, 0);
+    }
+    for (size_t i = 0; i < o->nfinals && rc == CUDA_SUCCESS; i++)
+        rc = ops->stream_wait_event(c->priv, o->finals[i], 0);
+    pthread_mutex_unlock(&o->streams_lock);
+    return rc;
+}
+
+/* Makes c's private stream wait for the work submitted so far in o. */
+static CUresult fence_one(struct cd_ctx *c, struct cd_ctx *o, const struct cd_driver_ops *ops)
+{
+    if (!o->ctx_record)
+        return fence_streams(c, o, ops);
+    CUresult rc = ops->ctx_record_event(atomic_load(&o->handle), o->fence);
+    return rc == CUDA_SUCCESS ? ops->stream_wait_event(c->priv, o->fence, 0) : rc;
+}
+
+struct others {
+    struct cd_ctx *c;
+    const struct cd_driver_ops *ops;
+};
+
+static void fence_other(struct cd_ctx *o, void *arg)
+{
+    struct others *a = arg;
+    unsigned gen;
+    if (o == a->c || !cd_ctx_enter_any(o, &gen))
+        return;
+    CUresult rc = fence_one(a->c, o, a->ops);
+    cd_ctx_exit(o);
+    if (rc != CUDA_SUCCESS)
+        cd_log(CD_LOG_DEBUG, "fence over context %p: error %d", (void *)atomic_load(&o->handle),
+               (int)rc);
+}
+
+CUresult cd_fence(struct cd_ctx *c, CUevent *done)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUresult rc = fence_one(c, c, ops);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct others a = {c, ops};
+    cd_ctx_each(fence_other, &a);
+    if (!done)
+        return CUDA_SUCCESS;
+    rc = cd_ctx_event_get(c, done);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = ops->event_record(*done, c->priv);
+    if (rc != CUDA_SUCCESS) {
+        cd_ctx_event_put(c, *done);
+        *done = NULL;
+    }
+    return rc;
+}
+
+void cd_fence_stream_added(struct cd_ctx *c, CUstream s)
+{
+    CUevent ev;
+    if (c->ctx_record || cd_driver_ops()->event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&c->streams_lock);
+    bool ok = grow((void **)&c->streams, &c->cap_streams, c->nstreams + 1, sizeof c->streams[0]);
+    if (ok)
+        c->streams[c->nstreams++] = (struct cd_tracked){s, ev};
+    pthread_mutex_unlock(&c->streams_lock);
+    if (!ok)
+        cd_driver_ops()->event_destroy(ev);
+}
+
+void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (c->ctx_record)
+        return;
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; i < c->nstreams; i++) {
+        if (c->streams[i].stream != s)
+            continue;
+        CUevent ev = c->streams[i].event;
+        /* The stream may still run work after its destroy returns: later
+         * fences wait for this final record until it completes. */
+        if (ops->event_record(ev, s) == CUDA_SUCCESS &&
+            grow((void **)&c->finals, &c->cap_finals, c->nfinals + 1, sizeof(CUevent)))
+            c->finals[c->nfinals++] = ev;
+        else
+            ops->event_destroy(ev);
+        c->streams[i] = c->streams[--c->nstreams];
+        break;
+    }
+    pthread_mutex_unlock(&c->streams_lock);
+}
+
+void cd_fence_prune(struct cd_ctx *c)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (c->ctx_record)
+        return;
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; i < c->nfinals;) {
+        if (ops->event_query(c->finals[i]) == CUDA_SUCCESS) {
+            ops->event_destroy(c->finals[i]);
+            c->finals[i] = c->finals[--c->nfinals];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&c->streams_lock);
+}

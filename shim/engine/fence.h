@@ -1,0 +1,36 @@
+/* fence.h - ordering a release behind all work submitted so far, on the GPU.
+ *
+ * With driver 12.5 and newer, cuCtxRecordEvent captures every stream of a
+ * context (measured: non-blocking, legacy and per-thread streams; a primary
+ * context's record covers its green contexts too), and the private stream
+ * waits for that event. Every context the engine knows is fenced, since a
+ * kernel of another context may use the memory (peer access, portable
+ * pinned memory, managed memory). Before 12.5 there is no such call: an
+ * event is recorded on every stream the program created (the engine watches
+ * stream creation and destruction), and the private stream is a blocking
+ * one, which follows the legacy stream.
+ *
+ * Nothing here waits for the GPU: records and stream waits return at once
+ * (0.46 us for a record, a wait and a record, measured). Callers hold the
+ * capture gate (capture.h): a record during a live capture would
+ * invalidate it.
+ */
+#ifndef CUDEFER_FENCE_H
+#define CUDEFER_FENCE_H
+
+#include "contexts.h"
+
+/* Makes c's private stream wait for the work submitted so far in every
+ * context the engine knows, then records a spare event behind it in *done
+ * (done NULL: no event). Called with c entered and its context current. An
+ * error of c's own record is returned (a sticky error of the context);
+ * another context's is not (a context that faulted runs nothing more). */
+CUresult cd_fence(struct cd_ctx *c, CUevent *done);
+
+/* Before driver 12.5: the streams of the program, for the fences. */
+void cd_fence_stream_added(struct cd_ctx *c, CUstream s);
+void cd_fence_stream_removed(struct cd_ctx *c, CUstream s);
+/* Drops final events of destroyed streams that have completed (waiter). */
+void cd_fence_prune(struct cd_ctx *c);
+
+#endif

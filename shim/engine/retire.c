@@ -1,0 +1,397 @@
+/* retire.c - the caller's path of every release.
+ *
+ * A release is retired on the caller's thread: its record is found, fenced
+ * behind all work already submitted (fence.c), and either freed through the
+ * driver's stream-ordered free (device memory, settled by the waiter) or
+ * deferred on its context's books. Nothing on that path waits for the GPU,
+ * with two exceptions the kinds' rows ask for: a registration's release
+ * waits for the work submitted before it (the pages are the program's
+ * again), and a release beyond the limits is the driver's own call.
+ */
+#include "engine.h"
+#include "retire.h"
+
+#include "backends.h"
+#include "books.h"
+#include "capture.h"
+#include "clock.h"
+#include "contexts.h"
+#include "driver.h"
+#include "fence.h"
+#include "log.h"
+#include "nvtx.h"
+#include "options.h"
+#include "registry.h"
+#include "stats.h"
+#include "waiter.h"
+
+static bool is_sticky(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* The driver's own call releases r: its record ends (a handle keeps a
+ * tomb, so that a second release does not reach the driver). */
+static bool pass_through(struct cd_record *r, bool over_limit)
+{
+    atomic_fetch_add(&cd_stats.passed[r->kind], 1);
+    if (over_limit)
+        atomic_fetch_add(&cd_stats.over_limit[r->kind], 1);
+    cd_registry_end(r, CD_GONE);
+    return false;
+}
+
+void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
+{
+    cd_ctx_event_put(c, r->done);
+    r->done = NULL;
+}
+
+/* A release made while the work before it still runs would have waited in
+ * the driver: counted, and watched until that work ends (waiter.c). */
+static void note_saving(struct cd_ctx *c, struct cd_record *r)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (!r->done || ops->event_query(r->done) != CUDA_ERROR_NOT_READY)
+        return;
+    atomic_fetch_add(&cd_stats.would_wait[r->kind], 1);
+    cd_waiter_watch(c, (enum cd_kind)r->kind);
+}
+
+void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    while (!cd_list_empty(records)) {
+        struct cd_record *r = CD_CONTAINER(records->next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        CUresult rc = ops->mem_free_async((CUdeviceptr)r->key, stream);
+        if (rc != CUDA_SUCCESS) {
+            cd_log(CD_LOG_DEBUG, "cuMemFreeAsync of %#lx: error %d; kept", (unsigned long)r->key,
+                   (int)rc);
+            cd_books_defer(c, r);
+            continue;
+        }
+        cd_retire_drop_event(c, r);
+        cd_waiter_add(c, r);
+    }
+}
+
+void cd_retire_evict(struct cd_ctx *c)
+{
+    long long limit = cd_option_int(CD_OPT_DEVICE_CACHE);
+    if (!cd_books_over_cache(c, limit, CD_CACHE_BLOCKS) || !cd_gate_enter())
+        return;
+    struct cd_link list;
+    cd_list_init(&list);
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), false);
+    /* Down to three quarters, so that one walk serves many releases. */
+    if (cd_books_take_over_cache(c, limit / 4 * 3, CD_CACHE_BLOCKS / 4 * 3, &list))
+        cd_retire_free(c, c->priv, &list);
+    cd_scope_leave(&sc);
+    cd_gate_exit();
+}
+
+/* The context has a sticky error: nothing can be released in it any more,
+ * and its destruction frees everything. r stays on the books, unfenced, for
+ * the teardown; the caller gets the error the driver's own call gives. */
+static bool keep_for_teardown(struct cd_ctx *c, struct cd_record *r, CUresult why, CUresult *rc)
+{
+    cd_retire_drop_event(c, r);
+    cd_books_defer(c, r);
+    if (!atomic_exchange(&c->sticky, true))
+        cd_log(CD_LOG_ERROR, "context %p has error %d: its releases are kept until its "
+               "destruction, which frees them", (void *)atomic_load(&c->handle), (int)why);
+    *rc = why;
+    return true;
+}
+
+/* Fences r (unless a capture is live) and puts it where it belongs: freed,
+ * or deferred. Called with c entered. Does not wait. */
+static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
+{
+    const struct cd_backend *b = cd_backend((enum cd_kind)r->kind);
+    CUresult frc = CUDA_SUCCESS;
+    bool fenced = false;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), false);
+    if (cd_gate_enter()) {
+        frc = cd_fence(c, &r->done);
+        fenced = frc == CUDA_SUCCESS;
+        if (fenced)
+            note_saving(c, r);
+        cd_gate_exit();
+    }
+    cd_scope_leave(&sc);
+    if (is_sticky(frc))
+        return keep_for_teardown(c, r, frc, rc);
+    if (frc != CUDA_SUCCESS) {
+        cd_retire_drop_event(c, r);
+        /* After the driver's deinitialisation at exit every call fails:
+         * the driver's own answer, quietly. */
+        if (frc != CUDA_ERROR_DEINITIALIZED)
+            cd_log(CD_LOG_ERROR, "cannot fence a %s release (error %d): the driver releases it",
+                   cd_kind_name((enum cd_kind)r->kind), (int)frc);
+        return pass_through(r, false);
+    }
+    atomic_fetch_add(&cd_stats.deferred[r->kind], 1);
+    cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_kind_name((enum cd_kind)r->kind),
+           (unsigned long)r->key, fenced ? "" : " (a capture is live: fenced when it ends)");
+    bool free_now = b->stream_ordered && fenced &&
+                    (r->exported || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
+    if (free_now) {
+        struct cd_link one;
+        cd_list_init(&one);
+        cd_list_append(&one, &r->age);
+        if (cd_gate_enter()) {
+            cd_retire_free(c, c->priv, &one);
+            cd_gate_exit();
+        } else {
+            cd_list_remove(&r->age);
+            cd_books_defer(c, r);
+        }
+    } else {
+        cd_books_defer(c, r);
+        if (b->stream_ordered)
+            cd_retire_evict(c);
+    }
+    *rc = CUDA_SUCCESS;
+    return true;
+}
+
+/* A registration's release: the pages are the program's once it returns,
+ * so it WAITS until the work submitted before it has finished (not for work
+ * submitted after it, and holding nothing another thread needs: other
+ * threads' launches go on). The driver's own unregister, which would wait
+ * for everything and stall every launch, is deferred. */
+static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), false);
+    CUresult frc = CUDA_ERROR_NOT_READY;
+    if (cd_gate_enter()) {
+        frc = cd_fence(c, &r->done);
+        cd_gate_exit();
+    }
+    cd_scope_leave(&sc);
+    if (frc != CUDA_SUCCESS) {
+        /* A live capture, or an error: the driver's own call. */
+        cd_retire_drop_event(c, r);
+        return pass_through(r, false);
+    }
+    /* In the relaxed capture mode: a capture another thread starts meanwhile
+     * is not invalidated by this wait. */
+    struct cd_scope relaxed;
+    cd_scope_enter(&relaxed, NULL, true);
+    uint64_t t0 = cd_now_ns();
+    if (ops->event_query(r->done) == CUDA_ERROR_NOT_READY) {
+        atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
+        cd_range_push("cudefer: unregister waits for the work before it");
+        ops->event_synchronize(r->done);
+        cd_range_pop();
+        atomic_fetch_add(&cd_stats.unregister_waits, 1);
+        atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);
+    }
+    cd_scope_leave(&relaxed);
+    atomic_fetch_add(&cd_stats.deferred[CD_REGISTERED], 1);
+    cd_books_defer(c, r);
+    *rc = CUDA_SUCCESS;
+    return true;
+}
+
+/* Whether the current context, if any, is alive: one the engine knows is;
+ * another one is asked (a call that does not wait). */
+static bool current_context_usable(const struct cd_driver_ops *ops)
+{
+    CUcontext cur = NULL;
+    unsigned version;
+    if (ops->ctx_get_current(&cur) != CUDA_SUCCESS)
+        return false;
+    return !cur || cd_ctx_find(cur) || ops->ctx_get_api_version(cur, &version) == CUDA_SUCCESS;
+}
+
+static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
+{
+    if (!key || !cd_engine_on())
+        return false;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    /* No current context is needed (the record names the context); a
+     * destroyed current context gets the driver's own answer. Libraries
+     * need no context at all. */
+    if (cls != CD_LIBRARY && !current_context_usable(ops))
+        return false;
+    struct cd_record *r = NULL;
+    switch (cd_registry_retire(cls, key, &r)) {
+    case CD_NOT_FOUND:
+        atomic_fetch_add(&cd_stats.passed[cls], 1);
+        return false;
+    case CD_WAS_TORN:
+        *rc = cd_backend(cls)->torn_release;
+        return true;
+    case CD_WAS_GONE:
+    case CD_ALREADY_RETIRED:
+        cd_log(CD_LOG_DEBUG, "%s %#lx released twice", cd_kind_name(cls), (unsigned long)key);
+        *rc = cd_backend(cls)->double_release;
+        return true;
+    case CD_RETIRED_NOW:
+        break;
+    }
+    struct cd_ctx *c = r->ctx;
+    if (!cd_backend_on((enum cd_kind)r->kind) || !c || !cd_ctx_enter(c, r->gen))
+        return pass_through(r, false);
+    bool took;
+    if (!cd_books_room(c, r))
+        took = pass_through(r, true);
+    else if (r->kind == CD_REGISTERED &&
+             cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
+        took = unregister_after_work(c, r, rc);
+    else
+        took = fence_and_place(c, r, rc);
+    cd_ctx_exit(c);
+    return took;
+}
+
+bool cd_release_device(CUdeviceptr ptr, CUresult *rc)
+{
+    return retire(CD_DEVICE, (uintptr_t)ptr, rc);
+}
+
+bool cd_release_host(void *ptr, CUresult *rc)
+{
+    return retire(CD_HOST, (uintptr_t)ptr, rc);
+}
+
+bool cd_release_registered(void *ptr, CUresult *rc)
+{
+    return retire(CD_REGISTERED, (uintptr_t)ptr, rc);
+}
+
+bool cd_release_array(CUarray array, CUresult *rc)
+{
+    return retire(CD_ARRAY, (uintptr_t)array, rc);
+}
+
+bool cd_release_mipmapped(CUmipmappedArray array, CUresult *rc)
+{
+    return retire(CD_MIPMAPPED, (uintptr_t)array, rc);
+}
+
+bool cd_release_module(CUmodule module, CUresult *rc)
+{
+    return retire(CD_MODULE, (uintptr_t)module, rc);
+}
+
+bool cd_release_library(CUlibrary library, CUresult *rc)
+{
+    return retire(CD_LIBRARY, (uintptr_t)library, rc);
+}
+
+/* ---- the backlog of a capture ------------------------------------------------ */
+
+static void fence_backlog(struct cd_ctx *c, void *arg)
+{
+    (void)arg;
+    unsigned gen;
+    if (!cd_ctx_enter_any(c, &gen))
+        return;
+    struct cd_link list;
+    cd_list_init(&list);
+    if (cd_books_take_unfenced(c, &list)) {
+        struct cd_scope sc;
+        cd_scope_enter(&sc, atomic_load(&c->handle), false);
+        while (!cd_list_empty(&list)) {
+            struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
+            cd_list_remove(&r->age);
+            if (!atomic_load(&c->sticky) && cd_gate_enter()) {
+                if (cd_fence(c, &r->done) != CUDA_SUCCESS)
+                    cd_retire_drop_event(c, r);
+                cd_gate_exit();
+            }
+            cd_books_defer(c, r);
+        }
+        cd_scope_leave(&sc);
+        cd_retire_evict(c);
+    }
+    cd_ctx_exit(c);
+}
+
+void cd_retire_backlog(void)
+{
+    if (cd_engine_on())
+        cd_ctx_each(fence_backlog, NULL);
+}
+
+/* ---- answers and other ends ------------------------------------------------------ */
+
+/* The base of the driver's allocation holding ptr; false when the driver
+ * does not know ptr (any more). Does not wait. */
+static bool range_start(const struct cd_driver_ops *ops, void *ptr, uintptr_t *base)
+{
+    CUdeviceptr b = 0;
+    if (ops->pointer_get_attribute(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        return false;
+    *base = (uintptr_t)b;
+    return true;
+}
+
+CUresult cd_unregister_answer(void *ptr, CUresult rc)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (rc != CUDA_ERROR_INVALID_VALUE || !ptr || !cd_engine_on() || !ops->pointer_get_attribute)
+        return rc;
+    /* The driver knew ptr when it answered. A block the engine holds for
+     * the program, or one it held then and has really released since (its
+     * record goes only after the driver's release), is one the driver would
+     * not know without cudefer. */
+    static const enum cd_kind classes[] = {CD_DEVICE, CD_HOST, CD_REGISTERED};
+    uintptr_t base;
+    if (!range_start(ops, ptr, &base))
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
+        if (cd_registry_is_retired(classes[i], base))
+            return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return range_start(ops, ptr, &base) ? rc : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+bool cd_free_async(CUdeviceptr ptr, CUresult *rc)
+{
+    if (!ptr || !cd_engine_on() || !cd_registry_is_retired(CD_DEVICE, (uintptr_t)ptr))
+        return false;
+    /* The program released it already (cudefer holds it): the driver's
+     * answer for freed memory, measured. */
+    *rc = CUDA_ERROR_INVALID_VALUE;
+    return true;
+}
+
+void cd_free_async_done(CUdeviceptr ptr)
+{
+    if (ptr && cd_engine_on())
+        cd_registry_forget(CD_DEVICE, (uintptr_t)ptr);
+}
+
+void cd_ipc_exported(CUdeviceptr ptr)
+{
+    if (ptr && cd_engine_on())
+        cd_registry_export(CD_DEVICE, (uintptr_t)ptr);
+}
+
+void cd_alloc_untracked(uintptr_t key)
+{
+    if (key && cd_engine_on())
+        cd_registry_forget(CD_DEVICE, key);
+}

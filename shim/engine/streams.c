@@ -1,0 +1,44 @@
+/* streams.c - the program's streams, as the engine follows them: before
+ * driver 12.5 the fences are made of events on them (fence.c), and a
+ * stream's destruction ends its capture (capture.c). */
+#include "engine.h"
+
+#include "capture.h"
+#include "contexts.h"
+#include "driver.h"
+#include "fence.h"
+
+/* The slot of stream's context (set up when create is true), or NULL. */
+static struct cd_ctx *context_of(CUstream stream, bool create)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUcontext ctx = NULL;
+    if (ops->stream_get_ctx(stream, &ctx) != CUDA_SUCCESS)
+        return NULL;
+    return create ? cd_ctx_get(ctx) : cd_ctx_find(ctx);
+}
+
+void cd_stream_created(CUstream stream)
+{
+    if (!cd_engine_on())
+        return;
+    struct cd_ctx *c = context_of(stream, true);
+    unsigned gen;
+    if (!c || !cd_ctx_enter_any(c, &gen))
+        return;
+    cd_fence_stream_added(c, stream);
+    cd_ctx_exit(c);
+}
+
+void cd_stream_destroying(CUstream stream)
+{
+    if (!cd_engine_on())
+        return;
+    cd_capture_stream_gone(stream);
+    struct cd_ctx *c = context_of(stream, false);
+    unsigned gen;
+    if (!c || !cd_ctx_enter_any(c, &gen))
+        return;
+    cd_fence_stream_removed(c, stream);
+    cd_ctx_exit(c);
+}

@@ -1,0 +1,46 @@
+/* waiter.h - the waiter thread: it settles device frees in flight and
+ * watches the work that releases did not wait for.
+ *
+ * A host synchronisation that covers a stream-ordered free is what gives
+ * the memory back to the driver's allocator (a successful query is not
+ * enough, measured). The waiter records a marker event behind each batch of
+ * frees on the private stream, polls it, and synchronises it once it has
+ * completed (which then returns at once). It polls rather than blocks, so
+ * that it is never inside a long driver call when the process exits, and
+ * it runs in the relaxed capture mode, so that its calls never invalidate a
+ * capture. It sleeps on a monotonic clock and wakes for new work.
+ */
+#ifndef CUDEFER_WAITER_H
+#define CUDEFER_WAITER_H
+
+#include "contexts.h"
+
+void cd_waiter_start(void);
+/* Stops the thread and waits for it (at exit). */
+void cd_waiter_stop(void);
+/* Forgets the thread and the work (a forked child). */
+void cd_waiter_reset(void);
+
+/* A device free was issued for r (its fence event already given back):
+ * the waiter settles it. c entered. Does not wait. */
+void cd_waiter_add(struct cd_ctx *c, struct cd_record *r);
+
+/* A release of kind was made while the work before it still ran: the
+ * waiter notes how long that work ran on. c entered, its context current.
+ * Does not wait. */
+void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind);
+
+/* Settles c's frees whose marker has completed, now; with wait, first
+ * WAITS for everything on c's private stream, so that every free issued
+ * before the call is settled. c entered. Returns how many were settled. */
+size_t cd_waiter_settle(struct cd_ctx *c, bool wait);
+
+/* Whether c has frees in flight. */
+bool cd_waiter_pending(struct cd_ctx *c);
+
+/* c is closed for good: its frees in flight end with it (its destruction
+ * completes them; with alive false it is already gone), and its watches
+ * are dropped. */
+void cd_waiter_forget(struct cd_ctx *c, bool alive);
+
+#endif
