@@ -5,12 +5,13 @@
  * by the counting one below, so that a warning can be checked for.
  *
  * Input: the first byte picks a mode.
- *   0-5  cd_option_parse of the rest (up to the first NUL) as a value of type
- *        (byte % 6): the five types and one out of range. Checked: no crash;
- *        a rejected value leaves the output alone; an accepted one is what an
- *        independent reference parser (below) makes of it, and in range for
- *        its type (a size is 0..INT64_MAX, a bool 0 or 1, a level 0..3).
- *   6-7  an environment: the rest is split at '\n' into entries; an entry's
+ *   0-6  cd_option_parse of the rest (up to the first NUL) as a value of type
+ *        (byte % 9): the six types (a choice needs its row: always refused
+ *        here) and one out of range. Checked: no crash; a rejected value
+ *        leaves the output alone; an accepted one is what an independent
+ *        reference parser (below) makes of it, and in range for its type (a
+ *        size is 0..INT64_MAX, a bool 0 or 1, a level 0..3).
+ *   7-8  an environment: the rest is split at '\n' into entries; an entry's
  *        first byte picks a variable (low bits) and whether it is unset
  *        (bit 7), the rest is its value. After cd_options_reload every
  *        option reads back as the reference says (the default when unset,
@@ -35,9 +36,16 @@
 static int warnings;
 static char last_warning[512];
 
-int cd_log_level(void)
+static enum cd_log_level level = CD_LOG_ERROR;
+
+void cd_log_set_level(enum cd_log_level l)
 {
-    return (int)cd_option_int(CD_OPT_LOG);
+    level = l;
+}
+
+enum cd_log_level cd_log_level(void)
+{
+    return level;
 }
 
 void cd_log(enum cd_log_level level, const char *fmt, ...)
@@ -64,7 +72,8 @@ void cd_log_raw(const char *fmt, ...)
  * booleans 1/true/yes/on and 0/false/no/off (any case); sizes digits with an
  * optional k/M/G/T (any case, powers of 1024), then an optional 'i', then an
  * optional 'B' or 'b'; counts digits only; levels off/error/info/debug (any
- * case) or a count 0..3. Every value must fit in an int64_t. */
+ * case) or a count 0..3; a choice one of its row's words (any case), or a
+ * boolean word for the first two. Every value must fit in an int64_t. */
 
 static int lower(int c)
 {
@@ -156,9 +165,31 @@ static bool ref_parse(enum cd_option_type type, const char *t, long long *out)
         return true;
     }
     case CD_TYPE_STRING:
+    case CD_TYPE_CHOICE:
         return false;
     }
     return false;
+}
+
+static bool ref_parse_row(const struct cd_option_desc *d, const char *t, long long *out)
+{
+    if (d->type != CD_TYPE_CHOICE)
+        return ref_parse(d->type, t, out);
+    for (long long i = 0; d->choices[i]; i++) {
+        if (same_word(t, d->choices[i])) {
+            *out = i;
+            return true;
+        }
+    }
+    return ref_parse(CD_TYPE_BOOL, t, out);
+}
+
+static long long choices_of(const struct cd_option_desc *d)
+{
+    long long n = 0;
+    while (d->choices[n])
+        n++;
+    return n;
 }
 
 static void in_range(enum cd_option_type type, long long v, const char *text)
@@ -169,7 +200,8 @@ static void in_range(enum cd_option_type type, long long v, const char *text)
     case CD_TYPE_SIZE:
     case CD_TYPE_COUNT: ok = v >= 0; break; /* and <= INT64_MAX by its type */
     case CD_TYPE_LEVEL: ok = v >= 0 && v <= 3; break;
-    case CD_TYPE_STRING: ok = false; break;
+    case CD_TYPE_STRING:
+    case CD_TYPE_CHOICE: ok = false; break;
     }
     if (!ok) {
         fprintf(stderr, "type %d: '%s' parsed to %lld, out of range\n", (int)type, text, v);
@@ -177,15 +209,15 @@ static void in_range(enum cd_option_type type, long long v, const char *text)
     }
 }
 
-/* ---- mode 0-5: one value ------------------------------------------------- */
+/* ---- mode 0-6: one value ------------------------------------------------- */
 
 static void fuzz_parse(unsigned mode, const char *text)
 {
-    enum cd_option_type type = (enum cd_option_type)mode; /* 5: out of range */
+    enum cd_option_type type = (enum cd_option_type)mode; /* 6: out of range */
     const long long sentinel = 0x5a5a5a5a5a5a5a5all;
     long long got = sentinel, want = sentinel;
     bool ok = cd_option_parse(type, text, &got);
-    bool ref_ok = mode < 5 && ref_parse(type, text, &want);
+    bool ref_ok = mode < 6 && ref_parse(type, text, &want);
     if (!ok && got != sentinel) {
         fprintf(stderr, "type %d: '%s' rejected but the output changed to %lld\n", (int)type,
                 text, got);
@@ -206,7 +238,7 @@ static void fuzz_parse(unsigned mode, const char *text)
     }
 }
 
-/* ---- mode 6-7: the environment ------------------------------------------- */
+/* ---- mode 7-8: the environment ------------------------------------------- */
 
 #define VALUE_MAX 1024
 static char env_buf[CD_OPT_COUNT][sizeof "CUDEFER_" + 64 + VALUE_MAX];
@@ -274,6 +306,7 @@ static void fuzz_environment(const uint8_t *data, size_t size)
         const struct cd_option_desc *d = cd_option_desc((enum cd_option)i);
         const char *text = env_value(i);
         if (d->type == CD_TYPE_STRING) {
+            /* Copied when read: the environment may change afterwards. */
             const char *got = cd_option_str((enum cd_option)i);
             if (strcmp(got, text ? text : "") != 0) {
                 fprintf(stderr, "%s='%s' reads back as '%s'\n", env_name(i), text ? text : "",
@@ -283,14 +316,14 @@ static void fuzz_environment(const uint8_t *data, size_t size)
             continue;
         }
         long long want;
-        if (!ref_parse(d->type, d->default_text, &want)) {
+        if (!ref_parse_row(d, d->default_text, &want)) {
             fprintf(stderr, "%s: the default '%s' does not parse\n", env_name(i),
                     d->default_text);
             abort();
         }
         if (text && *text) {
             long long v;
-            if (ref_parse(d->type, text, &v))
+            if (ref_parse_row(d, text, &v))
                 want = v;
             else
                 invalid++;
@@ -301,7 +334,12 @@ static void fuzz_environment(const uint8_t *data, size_t size)
                     text ? text : "(unset)", got, want);
             abort();
         }
-        in_range(d->type, got, text ? text : "(unset)");
+        if (d->type == CD_TYPE_CHOICE) {
+            if (got < 0 || got >= choices_of(d))
+                abort();
+        } else {
+            in_range(d->type, got, text ? text : "(unset)");
+        }
         if (d->type == CD_TYPE_BOOL && cd_option_bool((enum cd_option)i) != (want != 0))
             abort();
     }
@@ -321,8 +359,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    unsigned mode = data[0] % 8;
-    if (mode < 6) {
+    unsigned mode = data[0] % 9;
+    if (mode < 7) {
         char text[4096];
         size_t n = size - 1 < sizeof text - 1 ? size - 1 : sizeof text - 1;
         memcpy(text, data + 1, n);
