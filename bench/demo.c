@@ -23,7 +23,6 @@
  * loaded.
  */
 #include "kernels.h"
-#include "testdriver.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -45,7 +44,13 @@ enum {
     LAUNCH_DELAY_MS = 10,
 };
 
-typedef CUresult (*simulate_fn)(CUstream, unsigned, CUdeviceptr, size_t, enum testdrv_access);
+/* The test driver's hooks (tests/driver/testdriver.h), found with dlsym:
+ * testdrv_launch queues a simulated kernel of usec microseconds that touches
+ * [ptr, ptr + bytes) as access says (SIM_NONE / SIM_WRITE are its
+ * TESTDRV_NONE / TESTDRV_WRITE); testdrv_faults counts uses of freed memory. */
+enum sim_access { SIM_NONE = 0, SIM_WRITE = 2 };
+typedef CUresult (*simulate_fn)(CUstream s, unsigned usec, CUdeviceptr ptr, size_t bytes,
+                                enum sim_access access);
 typedef uint64_t (*faults_fn)(void);
 typedef const char *(*version_fn)(void);
 
@@ -98,7 +103,7 @@ static CUresult launch(const struct demo *d, CUstream s, unsigned ms, CUdevicept
                        size_t bytes)
 {
     if (d->simulate)
-        return d->simulate(s, ms * 1000u, buf, bytes, buf ? TESTDRV_WRITE : TESTDRV_NONE);
+        return d->simulate(s, ms * 1000u, buf, bytes, buf ? SIM_WRITE : SIM_NONE);
     uint64_t ns = (uint64_t)ms * 1000000u;
     uint64_t words = buf ? bytes / 4 : 0;
     void *params[] = {&ns, &buf, &words};

@@ -56,10 +56,9 @@
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
  * line was missing); 2 for bad usage.
  */
-#include "gpucheck.h"
+#include "gpu.h"
 #include "kernels.h"
 #include "release_cases.h"
-#include "testdriver.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -106,7 +105,13 @@ static int cmp_double(const void *a, const void *b)
 /* Child: the GPU side                                                      */
 /* ======================================================================== */
 
-typedef CUresult (*simulate_fn)(CUstream, unsigned, CUdeviceptr, size_t, enum testdrv_access);
+/* The test driver's hooks (tests/driver/testdriver.h), found with dlsym:
+ * testdrv_launch queues a simulated kernel of usec microseconds that touches
+ * [ptr, ptr + bytes) as access says (SIM_NONE / SIM_WRITE are its
+ * TESTDRV_NONE / TESTDRV_WRITE); testdrv_faults counts uses of freed memory. */
+enum sim_access { SIM_NONE = 0, SIM_WRITE = 2 };
+typedef CUresult (*simulate_fn)(CUstream s, unsigned usec, CUdeviceptr ptr, size_t bytes,
+                                enum sim_access access);
 typedef uint64_t (*faults_fn)(void);
 typedef const char *(*version_fn)(void);
 typedef int (*flush_fn)(void);
@@ -128,7 +133,7 @@ static CUresult k_spin(CUstream s, double ms, CUdeviceptr buf, size_t bytes)
 {
     if (gpu.simulate)
         return gpu.simulate(s, (unsigned)(ms * 1000.0), buf, bytes,
-                            buf ? TESTDRV_WRITE : TESTDRV_NONE);
+                            buf ? SIM_WRITE : SIM_NONE);
     unsigned long long ns = (unsigned long long)(ms * 1e6);
     unsigned long long words = buf ? bytes / 4 : 0;
     void *args[] = {&ns, &buf, &words};
@@ -139,7 +144,7 @@ static CUresult k_spin(CUstream s, double ms, CUdeviceptr buf, size_t bytes)
 static CUresult k_touch(CUstream s, CUdeviceptr buf, unsigned long long words)
 {
     if (gpu.simulate)
-        return gpu.simulate(s, 0, buf, (size_t)words * 4, TESTDRV_WRITE);
+        return gpu.simulate(s, 0, buf, (size_t)words * 4, SIM_WRITE);
     return gc_touch_with(gpu.touch, s, buf, words);
 }
 
@@ -213,7 +218,7 @@ static void gpu_close(void)
 /* ------------------------------------------------------------------------ */
 
 /* The cases (release_cases), the streams and the other thread (launcher)
- * are tests/gpu/release_cases.h's, shared with the check tests/gpu/stall.c;
+ * are release_cases.h's, shared with the check tests/gpu/stall.c;
  * this program uses each case's id and label. */
 
 static double stall_kernel_ms(void)
@@ -1059,6 +1064,11 @@ static void print_stall(struct job *jobs)
         fmt_ratio(f, sizeof f, ln, lc);
         printf("| %s | %s | %s | %s | %s | %s | %s |\n", release_cases[i].label, a, b, c, d, e, f);
     }
+    for (size_t i = 0; i < N_RELEASE_CASES; i++)
+        if (release_cases[i].waits_for_prior)
+            printf("\n%s waits, with cudefer too, for the work submitted before it (the "
+                   "program may unmap the pages once it returns); only another thread's "
+                   "launch must not wait.\n", release_cases[i].label);
     if (not_running)
         printf("\nWARNING: in %d measurement(s) the long kernel had already finished before the "
                "release (see the log).\n", not_running);

@@ -37,17 +37,20 @@
 # passed. Exit status: 0 when every step ran and exited 0, 1 otherwise.
 #
 # Environment: OUT, CUDA_PATH (default /usr/local/cuda), BENCH_BUDGET_S,
-# BENCH_DRIVER_DIR (only to try this script without a GPU: a folder holding
-# the project's test libcuda.so.1; then pass --smoke).
+# GPU_BUILD_DIR (the build folder, default build-bench), BENCH_DRIVER_DIR
+# (only to try this script without a GPU: a folder holding the project's
+# test libcuda.so.1; then pass --smoke).
 set -u
 
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
 COMMAND="cd $ROOT && ${OUT:+OUT=$OUT }scripts/bench-gpu.sh${*:+ $*}"
-OUT_DIR=${OUT:-$ROOT/build-bench/out}
 CUDA=${CUDA_PATH:-/usr/local/cuda}
 BUDGET_S=${BENCH_BUDGET_S:-400}
-BUILD=$ROOT/build-bench
+BUILD=${GPU_BUILD_DIR:-$ROOT/build-bench}
+OUT_DIR=${OUT:-$BUILD/out}
 SHIM=$BUILD/shim/libcudefer.so
 LOOPS=$BUILD/bench/cudefer-loops
 RT=$BUILD/bench/rt_hostloop
@@ -66,34 +69,16 @@ SUMMARY=$OUT_DIR/summary.md
 rm -f "$WORK"/*
 
 if [ -n "${BENCH_DRIVER_DIR:-}" ]; then
-    export LD_LIBRARY_PATH="$BENCH_DRIVER_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gl_use_test_driver "$BENCH_DRIVER_DIR"
 fi
 
-say() { printf '%s\n' "$*"; }
 FAILURES=0
-
-# The environment of a run: the caller's, less LD_PRELOAD and CUDEFER_*.
-clean_env_args() {
-    CLEAN=(-u LD_PRELOAD -u CUDEFER_SHIM)
-    local v
-    for v in $(env | sed -n 's/^\(CUDEFER_[A-Za-z0-9_]*\)=.*/\1/p'); do
-        CLEAN+=(-u "$v")
-    done
-}
-
-# Seconds left of the budget, at least 0.
-left_s() {
-    local l=$((BUDGET_S - SECONDS))
-    [ "$l" -lt 0 ] && l=0
-    echo "$l"
-}
 
 # ---- build -------------------------------------------------------------------------
 
 build() {
     say "== build: shim and cudefer-loops (meson, $BUILD)" | tee -a "$BUILDLOG"
-    if { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dtests=false; } >>"$BUILDLOG" 2>&1 &&
-        ninja -C "$BUILD" >>"$BUILDLOG" 2>&1 && [ -f "$SHIM" ] && [ -x "$LOOPS" ]; then
+    if gl_build_shim "$BUILD" "$BUILDLOG" && [ -x "$LOOPS" ]; then
         say "RESULT build step=meson status=ok" >>"$RESULTS"
     else
         say "RESULT build step=meson status=fail" >>"$RESULTS"
@@ -101,12 +86,7 @@ build() {
         FAILURES=$((FAILURES + 1))
     fi
     say "== build: rt_hostloop (nvcc)" | tee -a "$BUILDLOG"
-    # shellcheck disable=SC2054 # the commas belong to nvcc's -gencode values
-    local -a nvflags=(-O2 -gencode arch=compute_90,code=sm_90
-        -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra)
-    say "$CUDA/bin/nvcc ${nvflags[*]} bench/programs/rt_hostloop.cu -o $RT" >>"$BUILDLOG"
-    if timeout 180 "$CUDA/bin/nvcc" "${nvflags[@]}" bench/programs/rt_hostloop.cu -o "$RT" \
-        >>"$BUILDLOG" 2>&1; then
+    if gl_nvcc "$BUILDLOG" "$RT" bench/programs/rt_hostloop.cu; then
         say "RESULT build step=rt_hostloop status=ok" >>"$RESULTS"
     else
         say "RESULT build step=rt_hostloop status=fail" >>"$RESULTS"
@@ -120,7 +100,7 @@ build() {
 run_loops() {
     say "== 1. cudefer-loops ${LOOPS_ARGS[*]:-}"
     local limit
-    limit=$(left_s)
+    limit=$(gl_left_s "$BUDGET_S")
     [ "$limit" -gt 330 ] && limit=330
     if [ ! -x "$LOOPS" ] || [ ! -f "$SHIM" ] || [ "$limit" -lt 20 ]; then
         say "RUN prog=loops variant=- rc=skipped secs=0" >>"$RESULTS"
@@ -128,15 +108,15 @@ run_loops() {
         FAILURES=$((FAILURES + 1))
         return
     fi
-    clean_env_args
-    local t0=$SECONDS rc
     say "command: timeout -k 5 $limit $LOOPS --shim $SHIM --log $OUT_DIR/loops.log ${LOOPS_ARGS[*]:-}" \
         >"$OUT_DIR/loops.err"
-    timeout -k 5 "$limit" env "${CLEAN[@]}" "$LOOPS" --shim "$SHIM" --log "$OUT_DIR/loops.log" \
-        ${LOOPS_ARGS[@]+"${LOOPS_ARGS[@]}"} >"$WORK/loops.md" 2>>"$OUT_DIR/loops.err"
-    rc=$?
-    say "RUN prog=loops variant=- rc=$rc secs=$((SECONDS - t0))" >>"$RESULTS"
-    say "   exit $rc after $((SECONDS - t0)) s"
+    gl_run "$limit" "$WORK/loops.md" "$WORK/loops.stderr" "$LOOPS" --shim "$SHIM" \
+        --log "$OUT_DIR/loops.log" ${LOOPS_ARGS[@]+"${LOOPS_ARGS[@]}"}
+    cat "$WORK/loops.stderr" >>"$OUT_DIR/loops.err"
+    local rc=$GL_RC secs
+    secs=$(gl_secs 0)
+    say "RUN prog=loops variant=- rc=$rc secs=$secs" >>"$RESULTS"
+    say "   exit $rc after $secs s"
     [ "$rc" = 0 ] || FAILURES=$((FAILURES + 1))
 }
 
@@ -156,7 +136,7 @@ run_prog() {
     shift
     local base=$WORK/$prog.$variant
     local left
-    left=$(left_s)
+    left=$(gl_left_s "$BUDGET_S")
     if [ "$left" -lt 15 ]; then
         say "RUN prog=$prog variant=$variant rc=skipped secs=0" >>"$RESULTS"
         say "=== $prog / $variant: SKIPPED (time budget of ${BUDGET_S}s spent)" >>"$PROGLOG"
@@ -165,15 +145,12 @@ run_prog() {
         return
     fi
     [ "$limit" -gt "$left" ] && limit=$left
-    clean_env_args
     if [ "$mode" = cudefer ]; then
         vars=("LD_PRELOAD=$SHIM" CUDEFER_STATS=1 "CUDEFER_REPORT=$base.json" ${vars[@]+"${vars[@]}"})
     fi
-    local t0 rc secs
-    t0=$(date +%s%N)
-    timeout -k 5 "$limit" env "${CLEAN[@]}" ${vars[@]+"${vars[@]}"} "$@" >"$base.out" 2>"$base.err"
-    rc=$?
-    secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+    gl_run "$limit" "$base.out" "$base.err" ${vars[@]+"${vars[@]}"} "$@"
+    local rc=$GL_RC secs
+    secs=$(gl_secs 1)
     say "RUN prog=$prog variant=$variant rc=$rc secs=$secs" >>"$RESULTS"
     sed -n "s/^RESULT \\([^ ]*\\)/RESULT \\1 prog=$prog variant=$variant/p" "$base.out" \
         >>"$RESULTS"
@@ -350,10 +327,10 @@ environment() {
     say ""
     say "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     say "- command: \`$COMMAND\`"
-    say "- gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4 | paste -sd ';')"
-    say "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    say "- host: $(uname -srm); $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"'); $(nproc) CPUs"
-    say "- tools: $("$CUDA/bin/nvcc" --version 2>/dev/null | tail -n 1); gcc $(gcc -dumpfullversion 2>/dev/null); meson $(meson --version 2>/dev/null); $(python3 --version 2>&1)"
+    say "- gpu: $(gl_gpu_line)"
+    say "- commit: $(gl_commit_line)"
+    say "- host: $(gl_host_line); $(nproc) CPUs"
+    say "- tools: $(gl_tools_line)"
     [ -n "${BENCH_DRIVER_DIR:-}" ] && say "- NOTE: libcuda.so.1 from $BENCH_DRIVER_DIR (a dry run of this script, not a GPU run)"
     return 0
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# gpu-check.sh - the real-GPU checks of cudefer, in one run (under 8 minutes).
+# gpu-check.sh - the real-GPU checks of cudefer, in one run (under 7 minutes).
 #
 # Run from anywhere on a machine with an NVIDIA GPU, the CUDA toolkit
 # (nvcc, cuda.h, the driver stub), meson + ninja, gcc and python3 (torch
-# for check 1d):
+# for check 1d; torch, jax and cupy for check 16):
 #
 #     scripts/gpu-check.sh
 #
@@ -17,25 +17,36 @@
 #     doors-debug.log  the shim's debug lines about doors, per program
 #
 # Modes of a program run: none (no shim), passthrough (shim preloaded with
-# CUDEFER_ENABLE=0), shim (shim preloaded, enabled). Every run has a
-# timeout; a failing step is recorded and the script goes on. Exit status:
-# 0 when every check passed, 1 otherwise.
+# CUDEFER_ENABLE=0), shim (shim preloaded, enabled, CUDEFER_STATS=1),
+# shim-defaults (shim preloaded, every CUDEFER_* variable unset). Every run
+# has a timeout; a failing step is recorded and the script goes on. Exit
+# status: 0 when every check passed, 1 otherwise.
+#
+# The checks (GPU_CHECK_ONLY names them): doors, stall, hazards, deadlock,
+# oom, conform, capture (1-7), and registered, hidden-wait, teardown-race,
+# oom-concurrent, capture-ptsz, green, primary-unseen, sticky, quiet (8-16;
+# each a program of tests/gpu run without and with cudefer; see
+# tests/gpu/README.md).
 #
 # Environment: OUT (output folder), CUDA_PATH (default /usr/local/cuda),
 # GPU_CHECK_BUDGET_S (seconds after which no further program is started,
-# default 420), GPU_CHECK_ONLY (a comma-separated list of the checks to run:
-# doors, stall, hazards, deadlock, oom, conform, capture; default all),
+# default 420), GPU_CHECK_ONLY (a comma-separated list of the checks to run;
+# default all), GPU_BUILD_DIR (the build folder, default build-gpu),
 # GPU_CHECK_DRIVER_DIR (only to smoke-test this script without a GPU: a
-# folder holding the project's test libcuda.so.1).
+# folder holding the project's test libcuda.so.1; kernels are then
+# simulated, so the verdicts of the checks that need real kernels say
+# "simulated").
 set -u
 
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
 COMMAND="cd $ROOT && scripts/gpu-check.sh${*:+ $*}${OUT:+ (OUT=$OUT)}"
 OUT_DIR=${OUT:-$ROOT/gpu-out}
 CUDA=${CUDA_PATH:-/usr/local/cuda}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-420}
-BUILD=$ROOT/build-gpu
+BUILD=${GPU_BUILD_DIR:-$ROOT/build-gpu}
 BIN=$BUILD/gpu-check/bin
 WORK=$BUILD/gpu-check/work
 SHIM=$BUILD/shim/libcudefer.so
@@ -53,10 +64,9 @@ SUMMARY=$OUT_DIR/summary.txt
 rm -f "$WORK"/*
 
 if [ -n "${GPU_CHECK_DRIVER_DIR:-}" ]; then
-    export LD_LIBRARY_PATH="$GPU_CHECK_DRIVER_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gl_use_test_driver "$GPU_CHECK_DRIVER_DIR"
 fi
 
-say() { printf '%s\n' "$*"; }
 elapsed() { echo $((SECONDS)); }
 
 # ---- recording ---------------------------------------------------------------
@@ -108,7 +118,8 @@ run_prog() {
     : >"$base.out"
     : >"$base.err"
 
-    local left=$((BUDGET_S - $(elapsed)))
+    local left
+    left=$(gl_left_s "$BUDGET_S")
     if [ "$left" -lt 5 ]; then
         say "RUN check=$check mode=$mode id=$id rc=skipped secs=0" >>"$RESULTS"
         say "=== $check / $mode / $id: SKIPPED (time budget of ${BUDGET_S}s spent)" >>"$RUNLOG"
@@ -118,26 +129,18 @@ run_prog() {
 
     # The run's environment: the caller's, less LD_PRELOAD and CUDEFER_*,
     # plus the mode's variables and the run's own.
-    local -a unset_args=(-u LD_PRELOAD) set_args=()
-    local v
-    for v in $(env | sed -n 's/^\(CUDEFER_[A-Za-z0-9_]*\)=.*/\1/p'); do
-        unset_args+=(-u "$v")
-    done
+    local -a set_args=()
     case $mode in
     none) ;;
     passthrough) set_args+=("LD_PRELOAD=$SHIM" CUDEFER_ENABLE=0) ;;
     shim) set_args+=("LD_PRELOAD=$SHIM" CUDEFER_ENABLE=1 CUDEFER_STATS=1) ;;
+    shim-defaults) set_args+=("LD_PRELOAD=$SHIM") ;;
     esac
     set_args+=(${vars[@]+"${vars[@]}"})
 
-    local t0 t1 rc
-    t0=$(date +%s%N)
-    timeout -k 5 "$limit" env "${unset_args[@]}" ${set_args[@]+"${set_args[@]}"} "$@" \
-        >"$base.out" 2>"$base.err"
-    rc=$?
-    t1=$(date +%s%N)
-    local secs
-    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
+    gl_run "$limit" "$base.out" "$base.err" ${set_args[@]+"${set_args[@]}"} "$@"
+    local rc=$GL_RC secs
+    secs=$(gl_secs 2)
 
     say "RUN check=$check mode=$mode id=$id rc=$rc secs=$secs" >>"$RESULTS"
     tag_results "$check" "$mode" "$id" "$base.out"
@@ -158,54 +161,36 @@ run_prog() {
 
 build_shim() {
     say "== build: shim (meson)" | tee -a "$BUILDLOG"
-    if { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dtests=false; } >>"$BUILDLOG" 2>&1 &&
-        ninja -C "$BUILD" >>"$BUILDLOG" 2>&1 && [ -f "$SHIM" ]; then
+    if gl_build_shim "$BUILD" "$BUILDLOG"; then
         build_result shim ok meson
-        return
-    fi
-    # The library alone, when something else in the project does not build.
-    if [ -f "$BUILD/build.ninja" ] && ninja -C "$BUILD" shim/libcudefer.so >>"$BUILDLOG" 2>&1 &&
-        [ -f "$SHIM" ]; then
-        build_result shim fail meson_library_target_only
-        return
-    fi
-    say "== build: meson failed; building the shim with gcc directly" >>"$BUILDLOG"
-    mkdir -p "$BUILD/shim"
-    if gcc -std=c11 -O2 -g -fPIC -shared -D_GNU_SOURCE -fvisibility=hidden \
-        -I"$ROOT/include" -I"$ROOT/shim/base" -I"$ROOT/shim/engine" -I"$ROOT/shim/doors" -I"$CUDA/include" "$ROOT"/shim/*/*.c \
-        -Wl,--version-script="$ROOT/shim/doors/libcudefer.map" -o "$SHIM" -lpthread -ldl \
-        >>"$BUILDLOG" 2>&1; then
-        build_result shim fail gcc_fallback
     else
-        build_result shim fail none
+        build_result shim fail "$GL_SHIM_HOW"
     fi
 }
 
+# The driver-API programs of tests/gpu, each built on its own.
+PROGRAMS="stall hazard deadlock oom conform capture doors_drv registered hidden_wait
+    teardown_race oom_concurrent capture_ptsz green primary_unseen sticky"
+
 build_programs() {
-    local -a cflags=(-std=gnu11 -O2 -g -Wall -Wextra -I"$CUDA/include")
-    local -a libs=(-L"$CUDA/lib64/stubs" -lcuda -lpthread -ldl)
     local p
-    for p in stall hazard deadlock oom conform capture doors_drv; do
+    for p in $PROGRAMS; do
         say "== build: $p" >>"$BUILDLOG"
-        if gcc "${cflags[@]}" "tests/gpu/$p.c" -o "$BIN/$p" "${libs[@]}" >>"$BUILDLOG" 2>&1; then
+        if gl_cc "tests/gpu/$p.c" "$BIN/$p" "$BUILDLOG"; then
             build_result "$p" ok gcc
         else
             build_result "$p" fail gcc
         fi
     done
-    # shellcheck disable=SC2054 # the commas belong to nvcc's -gencode values
-    local -a nvflags=(-O2 -gencode arch=compute_90,code=sm_90
-        -gencode arch=compute_90,code=compute_90 -Xcompiler -Wall,-Wextra)
     say "== build: doors_rt_static" >>"$BUILDLOG"
-    if "$CUDA/bin/nvcc" "${nvflags[@]}" tests/gpu/doors_rt.cu -o "$BIN/doors_rt_static" \
-        >>"$BUILDLOG" 2>&1; then
+    if gl_nvcc "$BUILDLOG" "$BIN/doors_rt_static" tests/gpu/doors_rt.cu; then
         build_result doors_rt_static ok nvcc
     else
         build_result doors_rt_static fail nvcc
     fi
     say "== build: doors_rt_shared" >>"$BUILDLOG"
-    if "$CUDA/bin/nvcc" "${nvflags[@]}" -cudart shared -Xlinker -rpath -Xlinker "$CUDA/lib64" \
-        tests/gpu/doors_rt.cu -o "$BIN/doors_rt_shared" >>"$BUILDLOG" 2>&1; then
+    if gl_nvcc "$BUILDLOG" "$BIN/doors_rt_shared" -cudart shared -Xlinker -rpath \
+        -Xlinker "$CUDA/lib64" tests/gpu/doors_rt.cu; then
         build_result doors_rt_shared ok nvcc
     else
         build_result doors_rt_shared fail nvcc
@@ -337,16 +322,87 @@ check_capture() {
     run_prog capture none capture 60 -- "$BIN/capture" 10
 }
 
+# ---- 8-16: each program without cudefer (none) and with it (shim) ------------------------
+
+check_registered() {
+    say "== 8. registered"
+    run_prog registered none registered 30 -- "$BIN/registered"
+    run_prog registered shim registered 30 -- "$BIN/registered"
+}
+
+check_hidden_wait() {
+    say "== 9. hidden-wait"
+    local c
+    for c in pinned device-cache second-context; do
+        run_prog hidden-wait none "$c" 30 -- "$BIN/hidden_wait" "$c"
+        run_prog hidden-wait shim "$c" 30 -- "$BIN/hidden_wait" "$c"
+    done
+}
+
+check_teardown_race() {
+    say "== 10. teardown-race"
+    run_prog teardown-race none teardown_race 60 -- "$BIN/teardown_race"
+    run_prog teardown-race shim teardown_race 60 -- "$BIN/teardown_race"
+}
+
+check_oom_concurrent() {
+    say "== 11. oom-concurrent"
+    run_prog oom-concurrent none oom_concurrent 60 -- "$BIN/oom_concurrent"
+    run_prog oom-concurrent shim oom_concurrent 60 -- "$BIN/oom_concurrent"
+}
+
+check_capture_ptsz() {
+    say "== 12. capture-ptsz"
+    run_prog capture-ptsz none capture_ptsz 30 -- "$BIN/capture_ptsz"
+    run_prog capture-ptsz shim capture_ptsz 30 -- "$BIN/capture_ptsz"
+}
+
+check_green() {
+    say "== 13. green"
+    run_prog green none green 30 -- "$BIN/green"
+    run_prog green shim green 30 -- "$BIN/green"
+}
+
+check_primary_unseen() {
+    say "== 14. primary-unseen"
+    local v
+    for v in twice reset; do
+        run_prog primary-unseen none "$v" 20 -- "$BIN/primary_unseen" "$v"
+        run_prog primary-unseen shim "$v" 20 -- "$BIN/primary_unseen" "$v"
+    done
+}
+
+# Its kernel fault kills its context: it runs late, with the hazard control.
+check_sticky() {
+    say "== 15. sticky"
+    run_prog sticky none sticky 30 -- "$BIN/sticky"
+    run_prog sticky shim sticky 30 -- "$BIN/sticky"
+}
+
+# cudefer at its defaults (mode shim-defaults): no CUDEFER_LOG, no
+# CUDEFER_STATS; stderr must hold no "cudefer:" line.
+check_quiet() {
+    say "== 16. quiet"
+    local f
+    for f in torch jax cupy; do
+        run_prog quiet none "$f" 120 -- python3 "$ROOT/tests/gpu/quiet.py" "$f"
+        run_prog quiet shim-defaults "$f" 120 -- python3 "$ROOT/tests/gpu/quiet.py" "$f"
+        say "RESULT quiet_stderr check=quiet mode=shim-defaults id=$f" \
+            "cudefer_lines=$(grep -c '^cudefer:' "$(run_base quiet shim-defaults "$f").err")" \
+            >>"$RESULTS"
+    done
+}
+
 # ---- main ----------------------------------------------------------------------------
 
 environment() {
     say "# cudefer GPU checks"
     say "date:    $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     say "command: $COMMAND"
-    say "gpu:     $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4 | paste -sd ';')"
-    say "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    say "host:    $(uname -srm); $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
-    say "tools:   $("$CUDA/bin/nvcc" --version 2>/dev/null | tail -n 1); gcc $(gcc -dumpfullversion 2>/dev/null); meson $(meson --version 2>/dev/null); $(python3 --version 2>&1)"
+    say "gpu:     $(gl_gpu_line)"
+    say "commit:  $(gl_commit_line)"
+    say "host:    $(gl_host_line)"
+    say "tools:   $(gl_tools_line)"
     [ -n "${GPU_CHECK_DRIVER_DIR:-}" ] && say "NOTE:    libcuda.so.1 from $GPU_CHECK_DRIVER_DIR (smoke test, not a GPU run)"
     return 0
 }
@@ -365,6 +421,15 @@ wanted deadlock && check_deadlock
 wanted oom && check_oom
 wanted conform && check_conform
 wanted capture && check_capture
+wanted registered && check_registered
+wanted hidden-wait && check_hidden_wait
+wanted teardown-race && check_teardown_race
+wanted oom-concurrent && check_oom_concurrent
+wanted capture-ptsz && check_capture_ptsz
+wanted green && check_green
+wanted primary-unseen && check_primary_unseen
+wanted quiet && check_quiet
+wanted sticky && check_sticky
 wanted hazards && check_hazard_control
 
 {

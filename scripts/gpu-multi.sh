@@ -36,18 +36,21 @@
 # checked).
 #
 # Environment: OUT, CUDA_PATH (default /usr/local/cuda), GPU_MULTI_BUDGET_S
-# (seconds after which no further run starts, default 270), and, only to
-# smoke-test this script without GPUs, GPU_MULTI_DRIVER_DIR (a folder holding
-# the project's test libcuda.so.1; it runs no kernels, so the control cannot
-# fault and writer_running is 0; TESTDRIVER_DEVICES=2 is set for it).
+# (seconds after which no further run starts, default 270), GPU_BUILD_DIR
+# (the build folder, default build-gpu), and, only to smoke-test this script
+# without GPUs, GPU_MULTI_DRIVER_DIR (a folder holding the project's test
+# libcuda.so.1; it runs no kernels, so the control cannot fault and
+# writer_running is 0; TESTDRIVER_DEVICES=2 is set for it).
 set -u
 
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
 OUT_DIR=${OUT:-$ROOT/gpu-out/multi}
 CUDA=${CUDA_PATH:-/usr/local/cuda}
 BUDGET_S=${GPU_MULTI_BUDGET_S:-270}
-BUILD=$ROOT/build-gpu
+BUILD=${GPU_BUILD_DIR:-$ROOT/build-gpu}
 BIN=$BUILD/gpu-multi/bin
 WORK=$OUT_DIR/work
 SHIM=$BUILD/shim/libcudefer.so
@@ -68,7 +71,7 @@ rm -f "$WORK"/*
 SMOKE=0
 if [ -n "${GPU_MULTI_DRIVER_DIR:-}" ]; then
     SMOKE=1
-    export LD_LIBRARY_PATH="$GPU_MULTI_DRIVER_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gl_use_test_driver "$GPU_MULTI_DRIVER_DIR"
     export TESTDRIVER_DEVICES=2 GPU_MULTI_SMOKE=1
 fi
 
@@ -76,24 +79,14 @@ fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 
-say() { printf '%s\n' "$*"; }
-
 # ---- build ---------------------------------------------------------------------
 
 build() {
-    say "== build: shim (meson setup build-gpu -Dtests=false)" >>"$BUILDLOG"
-    if ! { { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dtests=false; } &&
-        ninja -C "$BUILD" shim/libcudefer.so; } >>"$BUILDLOG" 2>&1 || [ ! -f "$SHIM" ]; then
-        say "== build: meson failed; the shim with gcc directly" >>"$BUILDLOG"
-        mkdir -p "$BUILD/shim"
-        gcc -std=c11 -O2 -g -fPIC -shared -D_GNU_SOURCE -fvisibility=hidden \
-            -I"$ROOT/include" -I"$ROOT/shim/base" -I"$ROOT/shim/engine" -I"$ROOT/shim/doors" -I"$CUDA/include" "$ROOT"/shim/*/*.c \
-            -Wl,--version-script="$ROOT/shim/doors/libcudefer.map" -o "$SHIM" -lpthread -ldl \
-            >>"$BUILDLOG" 2>&1 || return 1
-    fi
+    say "== build: shim (meson setup $BUILD -Dtests=false)" >>"$BUILDLOG"
+    gl_build_shim "$BUILD" "$BUILDLOG"
+    [ -f "$SHIM" ] || return 1
     say "== build: multigpu" >>"$BUILDLOG"
-    gcc -std=gnu11 -O2 -g -Wall -Wextra -I"$CUDA/include" tests/gpu/multigpu.c \
-        -o "$BIN/multigpu" -L"$CUDA/lib64/stubs" -lcuda -lpthread -ldl >>"$BUILDLOG" 2>&1
+    gl_cc tests/gpu/multigpu.c "$BIN/multigpu" "$BUILDLOG"
 }
 
 # ---- running -------------------------------------------------------------------
@@ -104,33 +97,29 @@ run() {
     local id=$1 mode=$2 limit=$3
     shift 3
     local base=$WORK/$id.$mode
-    local left=$((BUDGET_S - SECONDS))
+    local left
+    left=$(gl_left_s "$BUDGET_S")
     if [ "$left" -lt 5 ]; then
         say "RUN id=$id mode=$mode rc=skipped secs=0" >>"$RESULTS"
         printf '  %-14s %-13s skipped (time budget of %ss spent)\n' "$id" "$mode" "$BUDGET_S"
         return
     fi
     [ "$limit" -gt "$left" ] && limit=$left
-    local -a vars=(-u LD_PRELOAD)
-    local v
-    for v in $(env | sed -n 's/^\(CUDEFER_[A-Za-z0-9_]*\)=.*/\1/p'); do
-        vars+=(-u "$v")
-    done
+    local -a vars=()
     case $mode in
     none) ;;
     shim) vars+=("LD_PRELOAD=$SHIM" CUDEFER_STATS=1) ;;
     shim-nocache) vars+=("LD_PRELOAD=$SHIM" CUDEFER_STATS=1 CUDEFER_DEVICE_CACHE=0) ;;
     esac
-    local t0=$SECONDS rc
-    timeout -k 5 "$limit" env "${vars[@]}" "$@" >"$base.out" 2>"$base.err"
-    rc=$?
-    local secs=$((SECONDS - t0))
+    gl_run "$limit" "$base.out" "$base.err" ${vars[@]+"${vars[@]}"} "$@"
+    local rc=$GL_RC secs
+    secs=$(gl_secs 0)
     say "RUN id=$id mode=$mode rc=$rc secs=$secs" >>"$RESULTS"
     sed -n "s/^RESULT \\([^ ]*\\)/RESULT \\1 id=$id mode=$mode/p" "$base.out" >>"$RESULTS"
     {
         say ""
         say "=== $id / $mode: exit $rc after ${secs}s (limit ${limit}s)"
-        say "command: timeout -k 5 $limit env ${vars[*]} $*"
+        say "command: timeout -k 5 $limit env ${vars[*]:-} $* (LD_PRELOAD, CUDEFER_* unset first)"
         say "--- stdout"
         cat "$base.out"
         say "--- stderr"
@@ -201,8 +190,7 @@ table() {
 {
     say "cudefer multi-GPU checks, $(date -u '+%Y-%m-%d %H:%M UTC')"
     say "command: cd $ROOT && scripts/gpu-multi.sh${OUT:+ (OUT=$OUT)}"
-    say "commit:  $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
-        "$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '(with local changes)')"
+    say "commit:  $(gl_commit_line)"
     if ((SMOKE)); then
         say "driver:  the project's TEST DRIVER from $GPU_MULTI_DRIVER_DIR (smoke test, no GPU)"
     elif command -v nvidia-smi >/dev/null 2>&1; then

@@ -16,7 +16,7 @@
  *          free_errors=<n> free_host_errors=<n> first_end_rc=<code>
  *          first_free_rc=<code> leftover_errors=<n>
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -5,7 +5,7 @@
  * kernel or a copy and released; its stdout is a list of checksums that
  * must be the same with and without the shim.
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #define WORDS 4096
 #define BYTES (WORDS * 4)

@@ -17,9 +17,9 @@
  *   freed        what the driver answers for memory already freed: a second
  *                release, stream-ordered or not, and pointer queries
  *
- * prints RESULT lines (tests/gpu/gpucheck.h).
+ * prints RESULT lines (bench/gpu.h).
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -31,7 +31,7 @@
  *          queued=<releases made before the fault> after_rc=<code of a
  *          cuMemFree after the fault, or - when none was made>
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #include <stdbool.h>
 

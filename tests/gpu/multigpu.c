@@ -43,7 +43,7 @@
  * or, without two devices that can reach each other:
  *   RESULT multigpu case=<c> devices=<n> peer=<0|1> skipped=1
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #include <stdbool.h>
 

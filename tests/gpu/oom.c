@@ -19,7 +19,7 @@
  *          sync_rc=<code>
  *   RESULT oom_memory free_start_gib=<g> free_end_gib=<g>
  */
-#include "gpucheck.h"
+#include "gpu.h"
 
 #define LOOP_BYTES (2 * GC_GIB)
 #define CHUNK_BYTES (4 * GC_GIB)

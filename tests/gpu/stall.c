@@ -8,11 +8,18 @@
  * first case releases nothing: its launch_ms is what the launch costs when
  * nothing blocks it, the baseline of the others' launch_ms.
  *
+ * cudefer's cuMemHostUnregister waits for the work submitted before it (the
+ * 1 s kernel): the program may unmap or reuse the pages once it returns, so
+ * the GPU must be done with them. Its row is judged by the other thread's
+ * launch only, which must not block (judge=launch); every other release by
+ * both figures (judge=both). The release_cases table says which.
+ *
  * usage: stall [reps] [spin_ms]     (defaults: 3 and 1000)
  *
  * prints, per release and repetition:
  *   RESULT stall release=<call(memory)> rep=<n> release_ms=<ms> launch_ms=<ms>
  *          rc=<code> launch_rc=<code> spin_before=<0|1> spin_after=<0|1>
+ *          judge=<both|launch>
  * (spin_before/spin_after: the 1 s kernel was still running just before /
  * just after the release; spin_before=0 would make the row meaningless).
  */
@@ -42,7 +49,7 @@ static CUresult rel_nothing(struct object *o)
 /* The first case releases nothing: its launch_ms is what the launch costs
  * when nothing blocks it. */
 static const struct release_case baseline = {
-    "nothing(launch_alone)", NULL, NULL, prep_nothing, rel_nothing, NULL};
+    "nothing(launch_alone)", NULL, NULL, prep_nothing, rel_nothing, NULL, false};
 
 /* Case i of this check: the baseline, then every release of
  * release_cases.h in its order. */
@@ -95,8 +102,8 @@ static void print_sample(const struct release_case *c, int rep, const struct sam
 {
     printf("RESULT stall release=%s rep=%d release_ms=%.4f launch_ms=%.4f rc=%s", c->name, rep,
            s->release_ms, s->launch_ms, gc_rc(s->rc));
-    printf(" launch_rc=%s spin_before=%d spin_after=%d\n", gc_rc(s->launch_rc),
-           (int)s->spin_before, (int)s->spin_after);
+    printf(" launch_rc=%s spin_before=%d spin_after=%d judge=%s\n", gc_rc(s->launch_rc),
+           (int)s->spin_before, (int)s->spin_after, c->waits_for_prior ? "launch" : "both");
     fflush(stdout);
 }
 

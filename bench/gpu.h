@@ -1,4 +1,5 @@
-/* gpucheck.h - shared helpers of the real-GPU check programs (tests/gpu).
+/* gpu.h - shared helpers of the programs that run on a real GPU: the checks
+ * of tests/gpu and cudefer-loops (loops.c).
  *
  * Every program prints its findings as one line each:
  *
@@ -13,11 +14,12 @@
  * Calls whose return code is the finding are not wrapped; their codes are
  * printed by name (gc_rc).
  *
- * cudefer-loops (bench/loops.c) uses these helpers too, with a prefix and
- * an exit status of its own for failures (gc_failure).
+ * cudefer-loops (loops.c) uses these helpers too, with a prefix and an exit
+ * status of its own for failures (gc_failure). The programs of tests/gpu are
+ * built with -I bench (scripts/gpu-check.sh).
  */
-#ifndef CUDEFER_GPUCHECK_H
-#define CUDEFER_GPUCHECK_H
+#ifndef CUDEFER_BENCH_GPU_H
+#define CUDEFER_BENCH_GPU_H
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_DEFAULT; include this header first */
@@ -27,14 +29,17 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "../../bench/kernels.h"
+#include "kernels.h"
 
 #define GC_KIB (1024ull)
 #define GC_MIB (1024ull * 1024ull)
@@ -128,6 +133,14 @@ static inline void gc_sleep_ms(double ms)
         ;
 }
 
+/* Sleeps until gc_now_ms() reaches t_ms (at once if it has). */
+static inline void gc_sleep_until(double t_ms)
+{
+    double left = t_ms - gc_now_ms();
+    if (left > 0)
+        gc_sleep_ms(left);
+}
+
 /* ---- context ------------------------------------------------------------- */
 
 /* Initialises the driver and makes device 0's primary context current on
@@ -160,6 +173,7 @@ struct gc_kernels {
     CUfunction spin;      /* (u64 ns, u64 buf, u64 words) */
     CUfunction wait_flag; /* (u64 flag) */
     CUfunction touch;     /* (u64 buf, u64 words) */
+    CUfunction fill;      /* (u64 buf, u64 words), every thread of a grid */
 };
 
 static inline void gc_kernels_from_module(struct gc_kernels *k, CUmodule m)
@@ -168,6 +182,7 @@ static inline void gc_kernels_from_module(struct gc_kernels *k, CUmodule m)
     GC_CHECK(cuModuleGetFunction(&k->spin, m, "cudefer_spin"));
     GC_CHECK(cuModuleGetFunction(&k->wait_flag, m, "cudefer_wait_flag"));
     GC_CHECK(cuModuleGetFunction(&k->touch, m, "cudefer_touch"));
+    GC_CHECK(cuModuleGetFunction(&k->fill, m, "cudefer_fill"));
 }
 
 static inline void gc_load_kernels(struct gc_kernels *k)
@@ -210,6 +225,89 @@ static inline CUresult gc_wait_flag(const struct gc_kernels *k, CUstream s, CUde
     return gc_launch(k->wait_flag, s, args);
 }
 
+/* cudefer_fill over [buf, buf + bytes): every word written once, by 264
+ * blocks of 256 threads. */
+static inline CUresult gc_fill(const struct gc_kernels *k, CUstream s, CUdeviceptr buf,
+                               size_t bytes)
+{
+    unsigned long long words = bytes / 4;
+    void *args[] = {&buf, &words};
+    return cuLaunchKernel(k->fill, 264, 1, 1, 256, 1, 1, 0, s, args, NULL);
+}
+
+/* ---- a flag the host sets, with a watchdog ------------------------------ */
+
+/* A u32 in pinned host memory mapped for the device (cuMemHostAlloc
+ * DEVICEMAP), for cudefer_wait_flag; a watchdog thread sets it after a
+ * time, so that a kernel waiting for it never waits for ever. */
+struct gc_flag {
+    volatile uint32_t *host;
+    CUdeviceptr dev;
+    pthread_t watchdog;
+    double after_ms;
+    _Atomic bool running, done, fired;
+};
+
+static inline void gc_flag_set(struct gc_flag *f)
+{
+    __atomic_store_n(f->host, 1u, __ATOMIC_SEQ_CST);
+}
+
+/* Allocates the flag (in the current context) and clears it. */
+static inline void gc_flag_init(struct gc_flag *f)
+{
+    void *host;
+    GC_CHECK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    GC_CHECK(cuMemHostGetDevicePointer(&f->dev, host, 0));
+    f->host = host;
+    *f->host = 0;
+}
+
+static inline void *gc_flag_watchdog_main(void *arg)
+{
+    struct gc_flag *f = arg;
+    double start = gc_now_ms();
+    while (!atomic_load(&f->done)) {
+        if (gc_now_ms() - start >= f->after_ms) {
+            atomic_store(&f->fired, true);
+            gc_flag_set(f);
+            return NULL;
+        }
+        gc_sleep_ms(1.0);
+    }
+    return NULL;
+}
+
+/* Clears the flag and starts the watchdog: it sets the flag after_ms from
+ * now unless gc_flag_disarm comes first. */
+static inline void gc_flag_arm(struct gc_flag *f, double after_ms)
+{
+    *f->host = 0;
+    f->after_ms = after_ms;
+    atomic_store(&f->done, false);
+    atomic_store(&f->fired, false);
+    if (pthread_create(&f->watchdog, NULL, gc_flag_watchdog_main, f) != 0)
+        gc_die("pthread_create failed");
+    atomic_store(&f->running, true);
+}
+
+/* Stops the watchdog; true when it had set the flag. */
+static inline bool gc_flag_disarm(struct gc_flag *f)
+{
+    if (atomic_load(&f->running)) {
+        atomic_store(&f->done, true);
+        pthread_join(f->watchdog, NULL);
+        atomic_store(&f->running, false);
+    }
+    return atomic_load(&f->fired);
+}
+
+static inline void gc_flag_free(struct gc_flag *f)
+{
+    gc_flag_disarm(f);
+    GC_CHECK(cuMemFreeHost((void *)f->host));
+}
+
 /* ---- checksums ----------------------------------------------------------- */
 
 /* FNV-1a over 32-bit words: equal output, equal checksum. */
@@ -236,6 +334,24 @@ static inline int gc_cudefer_flush(void)
 static inline int gc_cudefer_loaded(void)
 {
     return dlsym(RTLD_DEFAULT, "cudefer_version") != NULL;
+}
+
+/* Over the project's test driver (smoke runs of the scripts without a GPU,
+ * recognised by its testdrv_launch hook) kernels are simulated: PTX does not
+ * run, so timings and what kernels write mean nothing. */
+static inline int gc_test_driver(void)
+{
+    return dlsym(RTLD_DEFAULT, "testdrv_launch") != NULL;
+}
+
+/* ---- device memory ------------------------------------------------------- */
+
+/* Device memory in use (total - free), in MiB. */
+static inline double gc_used_mib(void)
+{
+    size_t free_bytes, total;
+    GC_CHECK(cuMemGetInfo(&free_bytes, &total));
+    return (double)(total - free_bytes) / (double)GC_MIB;
 }
 
 #endif

@@ -1,6 +1,5 @@
 /* release_cases.h - the releases whose stall two programs measure: the
- * check tests/gpu/stall.c and the stall section of cudefer-loops
- * (bench/loops.c).
+ * check tests/gpu/stall.c and the stall section of cudefer-loops (loops.c).
  *
  * Each release (cuMemFree, cuMemFreeHost, cuMemHostUnregister,
  * cuArrayDestroy, cuModuleUnload, cuLibraryUnload) is made while a long
@@ -17,7 +16,7 @@
 #ifndef CUDEFER_RELEASE_CASES_H
 #define CUDEFER_RELEASE_CASES_H
 
-#include "gpucheck.h"
+#include "gpu.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -200,24 +199,31 @@ struct release_case {
     void (*prepare)(struct object *o);
     CUresult (*release)(struct object *o);
     void (*after)(struct object *o); /* once the context is synchronised */
+    /* The release waits, with cudefer too, for the work submitted before it
+     * (cudefer's cuMemHostUnregister: the program may unmap the pages as
+     * soon as it returns, so the GPU must be done with them); only the
+     * other thread's launch must not wait. */
+    bool waits_for_prior;
 };
 
 static const struct release_case release_cases[] = {
     {"cuMemFree(cuMemAlloc)", "device", "cuMemFree (cuMemAlloc memory)", prep_device,
-     rel_mem_free, NULL},
+     rel_mem_free, NULL, false},
     {"cuMemFree(cuMemAllocManaged)", "managed", "cuMemFree (cuMemAllocManaged memory)",
-     prep_managed, rel_mem_free, NULL},
+     prep_managed, rel_mem_free, NULL, false},
     {"cuMemFreeHost(cuMemAllocHost)", "allochost", "cuMemFreeHost (cuMemAllocHost memory)",
-     prep_alloc_host, rel_free_host, NULL},
+     prep_alloc_host, rel_free_host, NULL, false},
     {"cuMemFreeHost(cuMemHostAlloc)", "hostalloc",
-     "cuMemFreeHost (cuMemHostAlloc DEVICEMAP memory)", prep_host_alloc, rel_free_host, NULL},
+     "cuMemFreeHost (cuMemHostAlloc DEVICEMAP memory)", prep_host_alloc, rel_free_host, NULL,
+     false},
     {"cuMemHostUnregister", "unregister", "cuMemHostUnregister", prep_registered,
-     rel_unregister, after_registered},
-    {"cuArrayDestroy", "array", "cuArrayDestroy", prep_array, rel_array, NULL},
+     rel_unregister, after_registered, true},
+    {"cuArrayDestroy", "array", "cuArrayDestroy", prep_array, rel_array, NULL, false},
     {"cuModuleUnload(second_module)", "module",
-     "cuModuleUnload (a second module, a kernel of it run)", prep_module, rel_module, NULL},
+     "cuModuleUnload (a second module, a kernel of it run)", prep_module, rel_module, NULL,
+     false},
     {"cuLibraryUnload(kernel_loaded)", "library",
-     "cuLibraryUnload (a kernel of it loaded and run)", prep_library, rel_library, NULL},
+     "cuLibraryUnload (a kernel of it loaded and run)", prep_library, rel_library, NULL, false},
 };
 #define N_RELEASE_CASES (sizeof release_cases / sizeof release_cases[0])
 

@@ -1,0 +1,141 @@
+/* hidden_wait.c - check 9: an allocation must not wait for the GPU on
+ * behalf of releases made earlier.
+ *
+ * Releases are made while the GPU is idle (with cudefer they are then
+ * queued or cached, their fences passed); then a cudefer_wait_flag kernel
+ * starts, which spins until a host flag is set; then the same thread
+ * allocates, and only then sets the flag. If the allocation waited for the
+ * GPU (a flush of the queue that really releases pinned memory waits for
+ * every kernel of the context) it would wait for the kernel, which waits
+ * for this thread: a watchdog sets the flag after 5 s so that the program
+ * ends either way, and reports whether it had to. The driver alone
+ * allocates in about 0.3 ms.
+ *
+ * usage: hidden_wait <case>
+ *   pinned          two 160 MiB cuMemAllocHost blocks freed (with cudefer
+ *                   320 MiB queued, over the default 256 MiB limit of
+ *                   CUDEFER_MAX_DEFERRED_BYTES); then cuMemAlloc(1 MiB)
+ *   device-cache    a 64 MiB cuMemAlloc block freed (kept in cudefer's
+ *                   device cache); then cuMemAlloc(48 MiB), another size
+ *   second-context  as pinned in the primary context; then cuMemAlloc(1 MiB)
+ *                   in a second context (cuCtxCreate'd before the kernel)
+ *
+ * prints:
+ *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
+ *          kernel_waiting=<0|1> watchdog_fired=<0|1> sync_rc=<code>
+ *          cudefer=<0|1> simulated=<0|1>
+ * kernel_waiting: the flag kernel was running just before the allocation
+ * (else the row means nothing).
+ */
+#include "gpu.h"
+
+#define PINNED_BYTES (160 * GC_MIB)
+#define CACHED_BYTES (64 * GC_MIB)
+#define WATCHDOG_MS 5000.0
+
+static struct gc_kernels kernels;
+static struct gc_flag flag;
+static CUstream stream; /* the flag kernel's, in the primary context */
+
+/* Two pinned blocks freed while the GPU is idle. */
+static void free_pinned_while_idle(void)
+{
+    void *a, *b;
+    GC_CHECK(cuMemAllocHost(&a, PINNED_BYTES));
+    GC_CHECK(cuMemAllocHost(&b, PINNED_BYTES));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(cuMemFreeHost(a));
+    GC_CHECK(cuMemFreeHost(b));
+}
+
+/* A device block freed while the GPU is idle. */
+static void free_device_while_idle(void)
+{
+    CUdeviceptr p;
+    GC_CHECK(cuMemAlloc(&p, CACHED_BYTES));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(cuMemFree(p));
+}
+
+/* A context of device 0 made and set up before the kernel (its first
+ * allocation done and released), then popped: the primary is current. */
+static CUcontext second_context(void)
+{
+    CUdevice dev;
+    CUcontext ctx, popped;
+    CUdeviceptr p;
+    GC_CHECK(cuDeviceGet(&dev, 0));
+    GC_CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    GC_CHECK(cuMemAlloc(&p, 2 * GC_MIB));
+    GC_CHECK(cuMemFree(p));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    return ctx;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        gc_die("usage: hidden_wait <pinned|device-cache|second-context>");
+    const char *name = argv[1];
+    bool pinned = strcmp(name, "pinned") == 0;
+    bool cache = strcmp(name, "device-cache") == 0;
+    bool other = strcmp(name, "second-context") == 0;
+    if (!pinned && !cache && !other)
+        gc_die("unknown case '%s'", name);
+
+    gc_init();
+    gc_load_kernels(&kernels);
+    GC_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    gc_flag_init(&flag);
+    /* Warm-up: the first launch on the stream, a first allocation. */
+    CUdeviceptr warm;
+    GC_CHECK(cuMemAlloc(&warm, GC_MIB));
+    GC_CHECK(gc_touch(&kernels, stream, warm, 16));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(cuMemFree(warm));
+    GC_CHECK(cuCtxSynchronize());
+
+    CUcontext ctx2 = other ? second_context() : NULL;
+    if (pinned || other)
+        free_pinned_while_idle();
+    if (cache)
+        free_device_while_idle();
+
+    GC_CHECK(gc_wait_flag(&kernels, stream, flag.dev));
+    gc_sleep_ms(20);
+    bool waiting = cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+    gc_flag_arm(&flag, WATCHDOG_MS);
+    if (other)
+        GC_CHECK(cuCtxPushCurrent(ctx2));
+
+    CUdeviceptr p = 0;
+    double t0 = gc_now_ms();
+    CUresult rc = cuMemAlloc(&p, cache ? 48 * GC_MIB : GC_MIB);
+    double alloc_ms = gc_now_ms() - t0;
+    gc_flag_set(&flag);
+    bool fired = gc_flag_disarm(&flag);
+
+    if (other) {
+        CUcontext popped;
+        GC_CHECK(cuCtxPopCurrent(&popped));
+    }
+    CUresult sync = cuCtxSynchronize();
+    printf("RESULT hidden_wait case=%s alloc_rc=%s alloc_ms=%.4f kernel_waiting=%d", name,
+           gc_rc(rc), alloc_ms, (int)waiting);
+    printf(" watchdog_fired=%d sync_rc=%s cudefer=%d simulated=%d\n", (int)fired, gc_rc(sync),
+           gc_cudefer_loaded(), gc_test_driver());
+    fflush(stdout);
+    if (sync != CUDA_SUCCESS)
+        return 0;
+
+    if (rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemFree(p)); /* a block of ctx2 too: cuMemFree needs no current context */
+    if (ctx2)
+        GC_CHECK(cuCtxDestroy(ctx2));
+    gc_flag_free(&flag);
+    GC_CHECK(cuStreamDestroy(stream));
+    GC_CHECK(cuModuleUnload(kernels.module));
+    gc_fini();
+    return 0;
+}
