@@ -83,7 +83,7 @@ gl_build_shim() {
         GL_SHIM_HOW=meson
         return 0
     fi
-    if [ -f "$build/build.ninja" ] && ninja -C "$build" shim/libcudefer.so >>"$log" 2>&1 &&
+    if [ -f "$build/build.ninja" ] && ninja -C "$build" libcudefer >>"$log" 2>&1 &&
         [ -f "$shim" ]; then
         GL_SHIM_HOW=meson_library_target_only
         return 1

@@ -3,26 +3,43 @@
 #
 #   scripts/setup.sh [--tests | --test-driver]
 #   or from a bash script:  source scripts/setup.sh && cudefer_setup [--tests | --test-driver]
+#   scripts/setup.sh --help     this text
 #
-#   (nothing)       the shim (build/shim/libcudefer.so) and the demonstration
+#   (nothing)       the shim (build/shim/libcudefer.so*), the cudefer command
+#                   (build/scripts/cudefer) and the demonstration
 #                   (build/bench/cudefer-demo).
 #   --test-driver   those and the test driver (build/tests/driver), which is
-#                   built only in a build with tests: Criterion must already
-#                   be installed.
+#                   built only in a build with tests; installs Criterion if it
+#                   is missing.
 #   --tests         everything, test suites included; installs Criterion if
 #                   it is missing. A test program that fails to compile does
 #                   not stop the others from being built.
 #
-# Missing tools are installed with apt-get when run as root; otherwise the
-# exact command to run is printed and setup fails. The build folder is
-# configured once and then rebuilt incrementally; a build that has tests keeps
-# them. Nothing is printed when there is nothing to do. Messages go to stderr.
+# Missing tools (meson, ninja, pkg-config, gcc, python3) are installed with
+# apt-get when run as root; otherwise the exact command to run is printed and
+# setup fails. The build folder is configured once and then rebuilt
+# incrementally; a build that has tests keeps them. Nothing is printed when
+# there is nothing to do. Messages go to stderr.
+#
+# Several copies may run at once (mpirun or srun starting scripts/cudefer on
+# every rank): each takes the lock build/.setup.lock (flock) for its
+# installing, configuring and building, so one builds and the others wait and
+# then find nothing to do.
 #
 # Environment: CUDA_PATH, the CUDA toolkit root (default /usr/local/cuda),
-# which must hold include/cuda.h.
+# which must hold include/cuda.h; CUDEFER_BUILD_DIR, the build folder
+# (default build/ in the repository).
 
 cudefer_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cudefer_build="$cudefer_root/build"
+cudefer_build="${CUDEFER_BUILD_DIR:-$cudefer_root/build}"
+[[ $cudefer_build == /* ]] || cudefer_build="$PWD/$cudefer_build"
+
+# The build folder as messages name it: relative to the repository when it
+# is inside it.
+_cudefer_build_name() {
+    local name=${cudefer_build#"$cudefer_root"/}
+    printf '%s/\n' "${name%/}"
+}
 
 _cudefer_say() {
     printf 'cudefer: %s\n' "$*" >&2
@@ -35,6 +52,7 @@ _cudefer_missing_packages() {
     command -v ninja >/dev/null 2>&1 || echo ninja-build
     command -v pkg-config >/dev/null 2>&1 || echo pkg-config
     command -v gcc >/dev/null 2>&1 || echo gcc
+    command -v python3 >/dev/null 2>&1 || echo python3
     if [[ $want_criterion == yes ]] && ! _cudefer_have_criterion; then
         echo libcriterion-dev
     fi
@@ -119,7 +137,7 @@ _cudefer_configure() {
     local tests=$1
     local toolkit="${CUDA_PATH:-/usr/local/cuda}"
     if [[ ! -f $cudefer_build/meson-private/coredata.dat ]]; then
-        _cudefer_say "configuring build/ (tests: $tests, CUDA toolkit: $toolkit)"
+        _cudefer_say "configuring $(_cudefer_build_name) (tests: $tests, CUDA toolkit: $toolkit)"
         _cudefer_quietly meson setup "$cudefer_build" "$cudefer_root" \
             -Dtests="$tests" -Dtoolkit="$toolkit" || return 1
         return 0
@@ -132,7 +150,7 @@ _cudefer_configure() {
         args+=(-Dtoolkit="$CUDA_PATH")
     fi
     ((${#args[@]})) || return 0
-    _cudefer_say "reconfiguring build/: ${args[*]}"
+    _cudefer_say "reconfiguring $(_cudefer_build_name): ${args[*]}"
     _cudefer_quietly meson configure "$cudefer_build" "${args[@]}"
 }
 
@@ -141,6 +159,15 @@ _cudefer_configure() {
 _cudefer_targets_matching() {
     ninja -C "$cudefer_build" -t targets all 2>/dev/null |
         sed -n 's/^\([^ :]*\): .*/\1/p' | grep -E "$1" || true
+}
+
+# Prints the path (absolute) of the shim the build makes: its one file,
+# shim/libcudefer.so.<version> (shim/libcudefer.so when it has no version).
+cudefer_shim_path() {
+    local targets
+    mapfile -t targets < <(_cudefer_targets_matching '^shim/libcudefer\.so[.0-9]*$')
+    ((${#targets[@]})) || return 1
+    printf '%s\n' "$cudefer_build/${targets[0]}"
 }
 
 # Prints the test driver's folder (absolute) when the build has one.
@@ -160,27 +187,19 @@ _cudefer_build() {
         return 1
     }
     grep -q 'no work to do' <<<"$plan" && return 0
-    _cudefer_say "building in build/"
+    _cudefer_say "building in $(_cudefer_build_name)"
     if ! _cudefer_quietly ninja -C "$cudefer_build" "$@"; then
         _cudefer_say "the build failed (see above)"
         return 1
     fi
 }
 
-cudefer_setup() {
-    local mode=main
-    case ${1:-} in
-    '') ;;
-    --tests) mode=tests ;;
-    --test-driver) mode=driver ;;
-    *)
-        _cudefer_say "setup: unknown option $1 (use --tests or --test-driver)"
-        return 2
-        ;;
-    esac
-
-    local want_criterion=no
-    [[ $mode == tests ]] && want_criterion=yes
+# Installs, configures and builds for a mode (main, driver or tests); the
+# caller holds the build folder's lock.
+_cudefer_setup_locked() {
+    local mode=$1
+    local want_criterion=yes
+    [[ $mode == main ]] && want_criterion=no
     local missing
     missing=$(_cudefer_missing_packages "$want_criterion" | tr '\n' ' ')
     if [[ -n ${missing// /} ]]; then
@@ -190,15 +209,14 @@ cudefer_setup() {
     _cudefer_check_meson_version || return 1
     _cudefer_check_toolkit || return 1
 
-    # The shim and the demo need no tests; a build that has them keeps them.
+    # The shim, the command and the demo need no tests; a build that has
+    # them keeps them.
     local tests=true
     [[ $mode == main ]] && tests=false
-    if [[ $mode == driver ]] && ! _cudefer_have_criterion; then
-        _cudefer_say "the test driver is built only with the test suites, which need Criterion," \
-            "and Criterion is not installed (sudo apt-get install -y libcriterion-dev)"
-        return 1
-    fi
     _cudefer_configure "$tests" || return 1
+    # A build configured before the build files changed learns its new
+    # targets here (the target lists below read build.ninja).
+    _cudefer_quietly ninja -C "$cudefer_build" build.ninja || return 1
 
     if [[ $mode == tests ]]; then
         # Every test program that can be built is, so that one that fails to
@@ -206,15 +224,54 @@ cudefer_setup() {
         _cudefer_build -k 0 all
         return
     fi
-    local wanted='^bench/cudefer-demo$'
+    local wanted='^bench/cudefer-demo$|^scripts/cudefer$'
     [[ $mode == driver ]] && wanted+='|^tests/driver/libcuda\.so[.0-9]*$'
     local targets
     mapfile -t targets < <(_cudefer_targets_matching "$wanted")
-    _cudefer_build shim/libcudefer.so "${targets[@]}"
+    # libcudefer: the shim, whatever its file name (it carries the version).
+    _cudefer_build libcudefer "${targets[@]}"
+}
+
+# Takes the lock of the build folder (creating the folder), waiting while
+# another copy holds it; the lock is held on the descriptor $cudefer_lock_fd
+# until _cudefer_unlock. Without flock (util-linux) there is no lock.
+_cudefer_lock() {
+    mkdir -p "$cudefer_build" || return 1
+    command -v flock >/dev/null 2>&1 || return 0
+    exec {cudefer_lock_fd}>>"$cudefer_build/.setup.lock" || return 1
+    flock "$cudefer_lock_fd"
+}
+
+_cudefer_unlock() {
+    [[ -n ${cudefer_lock_fd:-} ]] || return 0
+    exec {cudefer_lock_fd}>&-
+    cudefer_lock_fd=
+}
+
+cudefer_setup() {
+    local mode=main
+    case ${1:-} in
+    '') ;;
+    --tests) mode=tests ;;
+    --test-driver) mode=driver ;;
+    *)
+        _cudefer_say "setup: unknown option $1 (use --tests or --test-driver; --help)"
+        return 2
+        ;;
+    esac
+    _cudefer_lock || return 1
+    local status=0
+    _cudefer_setup_locked "$mode" || status=$?
+    _cudefer_unlock
+    return "$status"
 }
 
 # Run, not sourced: set up and build.
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     set -euo pipefail
+    if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+        sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+        exit 0
+    fi
     cudefer_setup "$@"
 fi

@@ -38,8 +38,8 @@ static void load_names(void)
 
 static void *shim_handle(void)
 {
-    void *h = dlopen("libcudefer.so", RTLD_NOW | RTLD_NOLOAD);
-    cr_assert_not_null(h, "libcudefer.so is not preloaded");
+    void *h = dlopen("libcudefer.so.0", RTLD_NOW | RTLD_NOLOAD);
+    cr_assert_not_null(h, "libcudefer.so.0 is not preloaded");
     return h;
 }
 
