@@ -801,6 +801,7 @@ EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx gr
     CUresult rc;
     if (!real)
         return cd_missing(CD_W_cuGreenCtxStreamCreate);
+    cd_green_stream_created(greenCtx);
     do
         rc = real(phStream, greenCtx, flags, priority);
     while (retry(&a, rc, CD_W_cuGreenCtxStreamCreate));

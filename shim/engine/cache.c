@@ -10,8 +10,10 @@
  *
  * When the GPU still runs the work before the oldest such block, the
  * allocation either asks the driver for a new block or waits for that one.
- * It waits only when its bin already holds REUSE_DEPTH blocks (fewer, and a
- * new block lets the GPU keep several iterations of a loop in flight), and
+ * It waits only when its bin already holds enough blocks to keep the GPU
+ * busy (depth(): four small blocks, so that a loop keeps several iterations
+ * in flight; one or two large ones, whose kernels outlast the host's turn
+ * many times over, so that cudefer holds no more than a pool would), and
  * only for as long as an allocation of that kind and size was measured to
  * take in this process: waiting can cost at most what it saves, and a
  * kernel that waits for this thread only delays the allocation by that
@@ -37,7 +39,12 @@
 
 /* Blocks of one kind, size and flags kept in rotation before a reuse waits
  * for the oldest rather than allocating. */
-#define REUSE_DEPTH 4
+static size_t depth(size_t bytes)
+{
+    if (bytes <= ((size_t)1 << 20))
+        return 4;
+    return bytes <= ((size_t)16 << 20) ? 2 : 1;
+}
 
 /* ---- what an allocation costs ---------------------------------------------- */
 
@@ -92,19 +99,24 @@ static bool wait_fence(struct cd_record *r, uint64_t deadline)
     cd_scope_enter(&sc, NULL, true);
     cd_range_push("cudefer: allocation waits for a released block");
     bool passed = false;
-    for (unsigned spins = 0;; spins++) {
+    uint64_t start = cd_now_ns();
+    for (;;) {
         CUresult q = ops->event_query(r->done);
         if (q != CUDA_ERROR_NOT_READY) {
             passed = q == CUDA_SUCCESS;
             break;
         }
-        if (cd_now_ns() >= deadline)
+        uint64_t now = cd_now_ns();
+        if (now >= deadline)
             break;
-        if (spins < 64) {
+        /* Kernels of small blocks end within microseconds: yield for the
+         * first 100 us, then nap a quarter of what is left, 50 us at most. */
+        if (now - start < 100000) {
             sched_yield();
             continue;
         }
-        struct timespec nap = {0, 20000};
+        uint64_t left = (deadline - now) / 4;
+        struct timespec nap = {0, (long)(left < 50000 ? left : 50000)};
         nanosleep(&nap, NULL);
     }
     cd_range_pop();
@@ -113,9 +125,9 @@ static bool wait_fence(struct cd_record *r, uint64_t deadline)
 }
 
 /* Whether a bounded wait for r is allowed, and for how long. */
-static uint64_t wait_bound(const struct cd_alloc *a, size_t depth)
+static uint64_t wait_bound(const struct cd_alloc *a, size_t held)
 {
-    if (depth < REUSE_DEPTH || !cd_option_bool(CD_OPT_REUSE_WAIT))
+    if (held < depth(a->bytes) || !cd_option_bool(CD_OPT_REUSE_WAIT))
         return 0;
     return expected_cost(a->kind, a->bytes);
 }
@@ -125,13 +137,13 @@ static uint64_t wait_bound(const struct cd_alloc *a, size_t depth)
  * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
  * CUDA_ERROR_NOT_READY, or another code when there is none. */
 static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_record **r,
-                      size_t *depth)
+                      size_t *held)
 {
     *r = NULL;
     if (!cd_gate_enter())
         return CUDA_ERROR_NOT_FOUND;
     CUresult q = CUDA_ERROR_NOT_FOUND;
-    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, depth);
+    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r)
         q = cd_driver_ops()->event_query((*r)->done);
     cd_gate_exit();
@@ -147,11 +159,11 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
     unsigned gen;
     if (!c || !cd_ctx_enter_any(c, &gen))
         return false;
-    size_t depth = 0;
+    size_t held = 0;
     struct cd_record *r;
-    CUresult q = claim(c, a, &r, &depth);
+    CUresult q = claim(c, a, &r, &held);
     bool ready = q == CUDA_SUCCESS;
-    uint64_t bound = q == CUDA_ERROR_NOT_READY ? wait_bound(a, depth) : 0;
+    uint64_t bound = q == CUDA_ERROR_NOT_READY ? wait_bound(a, held) : 0;
     if (bound) {
         uint64_t t0 = cd_now_ns();
         ready = wait_fence(r, t0 + bound);

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Slots come in chunks that are never freed. 65,536 contexts at a time are
  * far more than a process can create; past that a context's releases pass
@@ -66,6 +67,16 @@ void cd_ctx_alias_add(const struct cd_alias *a)
         atomic_store(&live_aliases, naliases);
     }
     pthread_mutex_unlock(&alias_lock);
+}
+
+bool cd_ctx_alias_known(CUgreenCtx g)
+{
+    bool found = false;
+    pthread_mutex_lock(&alias_lock);
+    for (size_t i = 0; i < naliases && !found; i++)
+        found = aliases[i].green == g;
+    pthread_mutex_unlock(&alias_lock);
+    return found;
 }
 
 bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a)
@@ -381,8 +392,16 @@ void cd_ctx_exit(struct cd_ctx *c)
 void cd_ctx_close(struct cd_ctx *c)
 {
     atomic_store(&c->state, CD_CTX_CLOSING);
-    while (atomic_load(&c->users) != 0)
-        sched_yield();
+    /* Uses take microseconds, but a flush under way may wait for the GPU:
+     * yield first, then nap. */
+    for (unsigned i = 0; atomic_load(&c->users) != 0; i++) {
+        if (i < 1000) {
+            sched_yield();
+            continue;
+        }
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+    }
 }
 
 void cd_ctx_reopen(struct cd_ctx *c)
@@ -426,7 +445,6 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
     c->claims = 0;
     atomic_store(&c->sticky, false);
-    c->primary = false;
     atomic_fetch_add(&c->gen, 1);
     atomic_store(&c->handle, NULL);
     atomic_store(&c->state, CD_CTX_FREE);

@@ -153,6 +153,8 @@ struct cd_alias {
     CUdevice device;
 };
 void cd_ctx_alias_add(const struct cd_alias *a);
+/* Whether g's alias is known. */
+bool cd_ctx_alias_known(CUgreenCtx g);
 /* Removes g's alias into *a; false when g is unknown. */
 bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a);
 

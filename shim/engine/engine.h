@@ -185,6 +185,9 @@ void cd_primary_resetting(CUdevice dev);
  * primary context. Around cuGreenCtxDestroy, which releases a reference on
  * the primary context: as for a primary release. */
 void cd_green_seen(CUgreenCtx green, CUcontext ctx);
+/* Before a stream is made in green (cuGreenCtxStreamCreate): its context
+ * will name the green context, which must be known as an alias first. */
+void cd_green_stream_created(CUgreenCtx green);
 void cd_green_destroying(CUgreenCtx green);
 void cd_green_destroyed(CUgreenCtx green);
 

@@ -225,6 +225,16 @@ static bool green_device(CUgreenCtx green, struct cd_alias *a)
     return rc == CUDA_SUCCESS;
 }
 
+void cd_green_stream_created(CUgreenCtx green)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUcontext ctx = NULL;
+    if (!cd_engine_on() || !ops->ctx_from_green || cd_ctx_alias_known(green))
+        return;
+    if (ops->ctx_from_green(&ctx, green) == CUDA_SUCCESS)
+        cd_green_seen(green, ctx);
+}
+
 void cd_green_destroying(CUgreenCtx green)
 {
     struct cd_alias a;

@@ -16,6 +16,8 @@
  *   fence        what one fence costs on the host
  *   freed        what the driver answers for memory already freed: a second
  *                release, stream-ordered or not, and pointer queries
+ *   query        what a pointer query costs on live memory (what an exact
+ *                answer for blocks cudefer holds would add to each)
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -484,6 +486,34 @@ static int fact_freed(void)
     return 0;
 }
 
+/* ---- what pointer queries cost -------------------------------------------- */
+
+static int fact_query(void)
+{
+    gc_init();
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, GC_MIB));
+    int n = 200000;
+    CUdeviceptr base = 0;
+    double t0 = gc_now_ms();
+    for (int i = 0; i < n; i++)
+        GC_CHECK(cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + 64));
+    double range_ns = (gc_now_ms() - t0) * 1e6 / n;
+    unsigned memtype = 0;
+    t0 = gc_now_ms();
+    for (int i = 0; i < n; i++)
+        GC_CHECK(cuPointerGetAttribute(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + 64));
+    double type_ns = (gc_now_ms() - t0) * 1e6 / n;
+    size_t size = 0;
+    t0 = gc_now_ms();
+    for (int i = 0; i < n; i++)
+        GC_CHECK(cuMemGetAddressRange(&base, &size, d + 64));
+    double addr_ns = (gc_now_ms() - t0) * 1e6 / n;
+    printf("RESULT query_cost range_start_ns=%.1f memory_type_ns=%.1f address_range_ns=%.1f\n",
+           range_ns, type_ns, addr_ns);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -492,7 +522,7 @@ int main(int argc, char **argv)
     } facts[] = {
         {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
-        {"freed", fact_freed},
+        {"freed", fact_freed},     {"query", fact_query},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
