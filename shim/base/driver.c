@@ -410,3 +410,16 @@ int cd_driver_version(void)
     cd_driver_ops();
     return atomic_load(&version);
 }
+
+static _Atomic bool stopped;
+
+bool cd_driver_in_use(void)
+{
+    return !atomic_load_explicit(&stopped, memory_order_relaxed) && cd_real_dlsym_fn() &&
+           cd_driver_ops();
+}
+
+void cd_driver_stop_using(void)
+{
+    atomic_store(&stopped, true);
+}

@@ -83,4 +83,11 @@ const struct cd_driver_ops *cd_driver_ops(void);
 /* The driver's version (cuDriverGetVersion), or 0 when unknown. */
 int cd_driver_version(void);
 
+/* Whether cudefer calls the driver on its own behalf at all: the driver is
+ * usable (cd_driver_ops), glibc's dlsym was found, and the process is not
+ * past cudefer's exit handler (cd_driver_stop_using: at exit the driver
+ * tears itself down, and from then on every call goes to it unchanged). */
+bool cd_driver_in_use(void);
+void cd_driver_stop_using(void);
+
 #endif

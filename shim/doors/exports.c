@@ -19,87 +19,104 @@
 
 /* ---- releases ---------------------------------------------------------------- */
 
-typedef CUresult (*free_device_fn)(CUdeviceptr);
-typedef CUresult (*release_ptr_fn)(void *);
-
-static CUresult free_device(CUdeviceptr dptr, free_device_fn real, enum cd_wrapped w)
+/* A release of the object key of class cls: the engine's answer when it
+ * takes it, else real(key), a call of the driver's function of the
+ * wrapper's own name (have_real: the driver has it). */
+static CUresult release(enum cd_kind cls, uintptr_t key, CUresult (*real)(uintptr_t),
+                        bool have_real, enum cd_wrapped w)
 {
     CUresult rc;
-    if (!real)
+    if (!have_real)
         return cd_missing(w);
-    if (cd_release_device(dptr, &rc))
-        return rc;
-    return real(dptr);
+    return cd_release(cls, key, &rc) ? rc : real(key);
 }
 
-/* cuMemFree takes a 32-bit pointer. */
-static CUresult free_v1(CUdeviceptr dptr)
+static CUresult free_v1(uintptr_t p)
 {
-    return REAL(cuMemFree)((CUdeviceptr_v1)dptr);
+    return REAL(cuMemFree)((CUdeviceptr_v1)p);
+}
+
+static CUresult free_v2(uintptr_t p)
+{
+    return REAL(cuMemFree_v2)((CUdeviceptr)p);
+}
+
+static CUresult free_host(uintptr_t p)
+{
+    return REAL(cuMemFreeHost)((void *)p);
+}
+
+/* An address the driver knows only because cudefer holds the block around
+ * it gets the answer for an unknown one (cd_unregister_answer). */
+static CUresult unregister(uintptr_t p)
+{
+    return cd_unregister_answer((void *)p, REAL(cuMemHostUnregister)((void *)p));
+}
+
+static CUresult destroy_array(uintptr_t h)
+{
+    return REAL(cuArrayDestroy)((CUarray)h);
+}
+
+static CUresult destroy_mipmapped(uintptr_t h)
+{
+    return REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)h);
+}
+
+static CUresult unload_module(uintptr_t h)
+{
+    return REAL(cuModuleUnload)((CUmodule)h);
+}
+
+static CUresult unload_library(uintptr_t h)
+{
+    return REAL(cuLibraryUnload)((CUlibrary)h);
 }
 
 EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr)
 {
-    return free_device(dptr, REAL(cuMemFree) ? free_v1 : NULL, CD_W_cuMemFree);
+    return release(CD_DEVICE, dptr, free_v1, REAL(cuMemFree) != NULL, CD_W_cuMemFree);
 }
 
 EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-    return free_device(dptr, REAL(cuMemFree_v2), CD_W_cuMemFree_v2);
+    return release(CD_DEVICE, dptr, free_v2, REAL(cuMemFree_v2) != NULL, CD_W_cuMemFree_v2);
 }
 
 EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 {
-    release_ptr_fn real = REAL(cuMemFreeHost);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuMemFreeHost);
-    return cd_release_host(p, &rc) ? rc : real(p);
+    return release(CD_HOST, (uintptr_t)p, free_host, REAL(cuMemFreeHost) != NULL,
+                   CD_W_cuMemFreeHost);
 }
 
 EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-    release_ptr_fn real = REAL(cuMemHostUnregister);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuMemHostUnregister);
-    return cd_release_registered(p, &rc) ? rc : cd_unregister_answer(p, real(p));
+    return release(CD_REGISTERED, (uintptr_t)p, unregister, REAL(cuMemHostUnregister) != NULL,
+                   CD_W_cuMemHostUnregister);
 }
 
 EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
 {
-    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuArrayDestroy);
-    return cd_release_array(hArray, &rc) ? rc : real(hArray);
+    return release(CD_ARRAY, (uintptr_t)hArray, destroy_array, REAL(cuArrayDestroy) != NULL,
+                   CD_W_cuArrayDestroy);
 }
 
 EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
-    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuMipmappedArrayDestroy);
-    return cd_release_mipmapped(hMipmappedArray, &rc) ? rc : real(hMipmappedArray);
+    return release(CD_MIPMAPPED, (uintptr_t)hMipmappedArray, destroy_mipmapped,
+                   REAL(cuMipmappedArrayDestroy) != NULL, CD_W_cuMipmappedArrayDestroy);
 }
 
 EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
 {
-    __typeof__(&cuModuleUnload) real = REAL(cuModuleUnload);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuModuleUnload);
-    return cd_release_module(hmod, &rc) ? rc : real(hmod);
+    return release(CD_MODULE, (uintptr_t)hmod, unload_module, REAL(cuModuleUnload) != NULL,
+                   CD_W_cuModuleUnload);
 }
 
 EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library)
 {
-    __typeof__(&cuLibraryUnload) real = REAL(cuLibraryUnload);
-    CUresult rc;
-    if (!real)
-        return cd_missing(CD_W_cuLibraryUnload);
-    return cd_release_library(library, &rc) ? rc : real(library);
+    return release(CD_LIBRARY, (uintptr_t)library, unload_library, REAL(cuLibraryUnload) != NULL,
+                   CD_W_cuLibraryUnload);
 }
 
 /* ---- stream-ordered frees -------------------------------------------------------- */
@@ -425,67 +442,71 @@ static CUresult alloc_handle(const struct handle_call *hc, enum cd_kind kind, si
     return rc;
 }
 
+/* Array creation, every descriptor version w names: the driver's call and
+ * the bytes the descriptor describes. */
 struct array_args {
+    enum cd_wrapped w;
     const void *desc;
 };
 
-static CUresult call_array_v1(const struct handle_call *hc)
+static CUresult call_array(const struct handle_call *hc)
 {
-    return REAL(cuArrayCreate)(hc->out, ((const struct array_args *)hc->args)->desc);
+    const struct array_args *a = hc->args;
+    enum cd_wrapped w = a->w;
+    const void *desc = a->desc;
+    switch (w) {
+    case CD_W_cuArrayCreate: return REAL(cuArrayCreate)(hc->out, desc);
+    case CD_W_cuArrayCreate_v2: return REAL(cuArrayCreate_v2)(hc->out, desc);
+    case CD_W_cuArray3DCreate: return REAL(cuArray3DCreate)(hc->out, desc);
+    default: return REAL(cuArray3DCreate_v2)(hc->out, desc);
+    }
 }
 
-static CUresult call_array_v2(const struct handle_call *hc)
+static size_t described_bytes(enum cd_wrapped w, const void *desc)
 {
-    return REAL(cuArrayCreate_v2)(hc->out, ((const struct array_args *)hc->args)->desc);
+    const CUDA_ARRAY_DESCRIPTOR_v1 *a1 = desc;
+    const CUDA_ARRAY_DESCRIPTOR *a2 = desc;
+    const CUDA_ARRAY3D_DESCRIPTOR_v1 *b1 = desc;
+    const CUDA_ARRAY3D_DESCRIPTOR *b2 = desc;
+    if (!desc)
+        return 0;
+    switch (w) {
+    case CD_W_cuArrayCreate:
+        return array_bytes(a1->Width, a1->Height, 1, a1->Format, a1->NumChannels);
+    case CD_W_cuArrayCreate_v2:
+        return array_bytes(a2->Width, a2->Height, 1, a2->Format, a2->NumChannels);
+    case CD_W_cuArray3DCreate:
+        return array_bytes(b1->Width, b1->Height, b1->Depth, b1->Format, b1->NumChannels);
+    default:
+        return array_bytes(b2->Width, b2->Height, b2->Depth, b2->Format, b2->NumChannels);
+    }
 }
 
-static CUresult call_array3d_v1(const struct handle_call *hc)
+static CUresult create_array(enum cd_wrapped w, CUarray *out, const void *desc, bool have_real)
 {
-    return REAL(cuArray3DCreate)(hc->out, ((const struct array_args *)hc->args)->desc);
-}
-
-static CUresult call_array3d_v2(const struct handle_call *hc)
-{
-    return REAL(cuArray3DCreate_v2)(hc->out, ((const struct array_args *)hc->args)->desc);
+    struct array_args args = {w, desc};
+    struct handle_call hc = {call_array, out, &args};
+    return alloc_handle(&hc, CD_ARRAY, described_bytes(w, desc), have_real, w);
 }
 
 EXPORT CUresult CUDAAPI cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc)
 {
-    struct array_args args = {desc};
-    struct handle_call hc = {call_array_v1, pHandle, &args};
-    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format,
-                                      desc->NumChannels) : 0;
-    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArrayCreate) != NULL, CD_W_cuArrayCreate);
+    return create_array(CD_W_cuArrayCreate, pHandle, desc, REAL(cuArrayCreate) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    struct array_args args = {desc};
-    struct handle_call hc = {call_array_v2, pHandle, &args};
-    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, 1, desc->Format,
-                                      desc->NumChannels) : 0;
-    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArrayCreate_v2) != NULL,
-                        CD_W_cuArrayCreate_v2);
+    return create_array(CD_W_cuArrayCreate_v2, pHandle, desc, REAL(cuArrayCreate_v2) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc)
 {
-    struct array_args args = {desc};
-    struct handle_call hc = {call_array3d_v1, pHandle, &args};
-    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                                      desc->NumChannels) : 0;
-    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArray3DCreate) != NULL,
-                        CD_W_cuArray3DCreate);
+    return create_array(CD_W_cuArray3DCreate, pHandle, desc, REAL(cuArray3DCreate) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    struct array_args args = {desc};
-    struct handle_call hc = {call_array3d_v2, pHandle, &args};
-    size_t bytes = desc ? array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
-                                      desc->NumChannels) : 0;
-    return alloc_handle(&hc, CD_ARRAY, bytes, REAL(cuArray3DCreate_v2) != NULL,
-                        CD_W_cuArray3DCreate_v2);
+    return create_array(CD_W_cuArray3DCreate_v2, pHandle, desc, REAL(cuArray3DCreate_v2) != NULL);
 }
 
 struct mipmap_args {
@@ -512,9 +533,10 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
                         CD_W_cuMipmappedArrayCreate);
 }
 
-/* Modules and libraries. */
+/* Modules and libraries: every load call w names, with its arguments. */
 struct load_args {
-    const void *image;
+    enum cd_wrapped w;
+    const void *image; /* or the file's name */
     unsigned n;
     CUjit_option *options;
     void **values;
@@ -523,72 +545,57 @@ struct load_args {
     unsigned lib_n;
 };
 
-static CUresult call_module_load(const struct handle_call *hc)
-{
-    return REAL(cuModuleLoad)(hc->out, ((const struct load_args *)hc->args)->image);
-}
-
-static CUresult call_module_data(const struct handle_call *hc)
-{
-    return REAL(cuModuleLoadData)(hc->out, ((const struct load_args *)hc->args)->image);
-}
-
-static CUresult call_module_data_ex(const struct handle_call *hc)
+static CUresult call_load(const struct handle_call *hc)
 {
     const struct load_args *a = hc->args;
-    return REAL(cuModuleLoadDataEx)(hc->out, a->image, a->n, a->options, a->values);
-}
-
-static CUresult call_module_fatbin(const struct handle_call *hc)
-{
-    return REAL(cuModuleLoadFatBinary)(hc->out, ((const struct load_args *)hc->args)->image);
-}
-
-static CUresult call_library_data(const struct handle_call *hc)
-{
-    const struct load_args *a = hc->args;
-    return REAL(cuLibraryLoadData)(hc->out, a->image, a->options, a->values, a->n, a->lib_options,
-                                   a->lib_values, a->lib_n);
-}
-
-static CUresult call_library_file(const struct handle_call *hc)
-{
-    const struct load_args *a = hc->args;
-    return REAL(cuLibraryLoadFromFile)(hc->out, a->image, a->options, a->values, a->n,
+    switch (a->w) {
+    case CD_W_cuModuleLoad: return REAL(cuModuleLoad)(hc->out, a->image);
+    case CD_W_cuModuleLoadData: return REAL(cuModuleLoadData)(hc->out, a->image);
+    case CD_W_cuModuleLoadDataEx:
+        return REAL(cuModuleLoadDataEx)(hc->out, a->image, a->n, a->options, a->values);
+    case CD_W_cuModuleLoadFatBinary: return REAL(cuModuleLoadFatBinary)(hc->out, a->image);
+    case CD_W_cuLibraryLoadData:
+        return REAL(cuLibraryLoadData)(hc->out, a->image, a->options, a->values, a->n,
                                        a->lib_options, a->lib_values, a->lib_n);
+    default:
+        return REAL(cuLibraryLoadFromFile)(hc->out, a->image, a->options, a->values, a->n,
+                                           a->lib_options, a->lib_values, a->lib_n);
+    }
+}
+
+static CUresult load(const struct load_args *a, void *out, bool have_real)
+{
+    struct handle_call hc = {call_load, out, a};
+    enum cd_kind kind = a->w == CD_W_cuLibraryLoadData || a->w == CD_W_cuLibraryLoadFromFile
+                            ? CD_LIBRARY : CD_MODULE;
+    return alloc_handle(&hc, kind, 0, have_real, a->w);
 }
 
 EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
 {
-    struct load_args args = {.image = fname};
-    struct handle_call hc = {call_module_load, module, &args};
-    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoad) != NULL, CD_W_cuModuleLoad);
+    struct load_args a = {.w = CD_W_cuModuleLoad, .image = fname};
+    return load(&a, module, REAL(cuModuleLoad) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
-    struct load_args args = {.image = image};
-    struct handle_call hc = {call_module_data, module, &args};
-    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadData) != NULL, CD_W_cuModuleLoadData);
+    struct load_args a = {.w = CD_W_cuModuleLoadData, .image = image};
+    return load(&a, module, REAL(cuModuleLoadData) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
                                            unsigned int numOptions, CUjit_option *options,
                                            void **optionValues)
 {
-    struct load_args args = {.image = image, .n = numOptions, .options = options,
-                             .values = optionValues};
-    struct handle_call hc = {call_module_data_ex, module, &args};
-    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadDataEx) != NULL,
-                        CD_W_cuModuleLoadDataEx);
+    struct load_args a = {.w = CD_W_cuModuleLoadDataEx, .image = image, .n = numOptions,
+                          .options = options, .values = optionValues};
+    return load(&a, module, REAL(cuModuleLoadDataEx) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
-    struct load_args args = {.image = fatCubin};
-    struct handle_call hc = {call_module_fatbin, module, &args};
-    return alloc_handle(&hc, CD_MODULE, 0, REAL(cuModuleLoadFatBinary) != NULL,
-                        CD_W_cuModuleLoadFatBinary);
+    struct load_args a = {.w = CD_W_cuModuleLoadFatBinary, .image = fatCubin};
+    return load(&a, module, REAL(cuModuleLoadFatBinary) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
@@ -598,25 +605,21 @@ EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code,
                                           void **libraryOptionValues,
                                           unsigned int numLibraryOptions)
 {
-    struct load_args args = {code, numJitOptions, jitOptions, jitOptionsValues, libraryOptions,
-                             libraryOptionValues, numLibraryOptions};
-    struct handle_call hc = {call_library_data, library, &args};
-    return alloc_handle(&hc, CD_LIBRARY, 0, REAL(cuLibraryLoadData) != NULL,
-                        CD_W_cuLibraryLoadData);
+    struct load_args a = {CD_W_cuLibraryLoadData, code, numJitOptions, jitOptions,
+                          jitOptionsValues, libraryOptions, libraryOptionValues,
+                          numLibraryOptions};
+    return load(&a, library, REAL(cuLibraryLoadData) != NULL);
 }
 
 EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
                                               CUjit_option *jitOptions, void **jitOptionsValues,
-                                              unsigned int numJitOptions,
-                                              CUlibraryOption *libraryOptions,
-                                              void **libraryOptionValues,
-                                              unsigned int numLibraryOptions)
+                                              unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                              void **libraryOptionValues, unsigned int numLibraryOptions)
 {
-    struct load_args args = {fileName, numJitOptions, jitOptions, jitOptionsValues,
-                             libraryOptions, libraryOptionValues, numLibraryOptions};
-    struct handle_call hc = {call_library_file, library, &args};
-    return alloc_handle(&hc, CD_LIBRARY, 0, REAL(cuLibraryLoadFromFile) != NULL,
-                        CD_W_cuLibraryLoadFromFile);
+    struct load_args a = {CD_W_cuLibraryLoadFromFile, fileName, numJitOptions, jitOptions,
+                          jitOptionsValues, libraryOptions, libraryOptionValues,
+                          numLibraryOptions};
+    return load(&a, library, REAL(cuLibraryLoadFromFile) != NULL);
 }
 
 /* ---- calls that may run out of memory, not tracked ------------------------------------ */
@@ -810,22 +813,48 @@ EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx gr
     return rc;
 }
 
-static CUresult stream_destroy(CUstream s, CUresult (*real)(CUstream), enum cd_wrapped w)
+/* The program destroys an object the engine follows (a stream, a
+ * context): the engine is told first, then the driver's own call of the
+ * wrapper's name w destroys it. Streams and contexts are one group here:
+ * their wrappers are the same one line. */
+static CUresult destroy(enum cd_wrapped w, uintptr_t h)
 {
-    if (!real)
+    if (!cd_real(w))
         return cd_missing(w);
-    cd_stream_destroying(s);
-    return real(s);
+    switch (w) {
+    case CD_W_cuStreamDestroy:
+    case CD_W_cuStreamDestroy_v2:
+        cd_stream_destroying((CUstream)h);
+        return w == CD_W_cuStreamDestroy ? REAL(cuStreamDestroy)((CUstream)h)
+                                         : REAL(cuStreamDestroy_v2)((CUstream)h);
+    case CD_W_cuCtxDestroy:
+    case CD_W_cuCtxDestroy_v2:
+        cd_context_destroying((CUcontext)h);
+        return w == CD_W_cuCtxDestroy ? REAL(cuCtxDestroy)((CUcontext)h)
+                                      : REAL(cuCtxDestroy_v2)((CUcontext)h);
+    default:
+        return cd_missing(w);
+    }
 }
 
 EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
 {
-    return stream_destroy(hStream, REAL(cuStreamDestroy), CD_W_cuStreamDestroy);
+    return destroy(CD_W_cuStreamDestroy, (uintptr_t)hStream);
 }
 
 EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
-    return stream_destroy(hStream, REAL(cuStreamDestroy_v2), CD_W_cuStreamDestroy_v2);
+    return destroy(CD_W_cuStreamDestroy_v2, (uintptr_t)hStream);
+}
+
+EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
+{
+    return destroy(CD_W_cuCtxDestroy, (uintptr_t)ctx);
+}
+
+EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
+{
+    return destroy(CD_W_cuCtxDestroy_v2, (uintptr_t)ctx);
 }
 
 /* ---- stream capture -------------------------------------------------------------------- */
@@ -1030,76 +1059,50 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCr
     return create_context(call_create_v4, &a, REAL(cuCtxCreate_v4) != NULL, CD_W_cuCtxCreate_v4);
 }
 
-typedef CUresult (*ctx_fn)(CUcontext);
-
-static CUresult destroy_context(CUcontext ctx, ctx_fn real, enum cd_wrapped w)
+/* A retain makes the primary context active if it was not: a creation. */
+static CUresult call_retain(const struct create_args *a)
 {
-    if (!real)
-        return cd_missing(w);
-    cd_context_destroying(ctx);
-    return real(ctx);
-}
-
-EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
-{
-    return destroy_context(ctx, REAL(cuCtxDestroy), CD_W_cuCtxDestroy);
-}
-
-EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
-{
-    return destroy_context(ctx, REAL(cuCtxDestroy_v2), CD_W_cuCtxDestroy_v2);
+    return REAL(cuDevicePrimaryCtxRetain)(a->pctx, a->dev);
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    __typeof__(&cuDevicePrimaryCtxRetain) real = REAL(cuDevicePrimaryCtxRetain);
-    if (!real)
-        return cd_missing(CD_W_cuDevicePrimaryCtxRetain);
-    CUresult rc = real(pctx, dev);
-    if (rc == CUDA_SUCCESS)
-        cd_primary_retained(dev, *pctx);
-    return rc;
+    struct create_args a = {.pctx = pctx, .dev = dev};
+    return create_context(call_retain, &a, REAL(cuDevicePrimaryCtxRetain) != NULL,
+                          CD_W_cuDevicePrimaryCtxRetain);
 }
 
+/* A release or a reset of a device's primary context: either may end it. */
 typedef CUresult (*dev_fn)(CUdevice);
 
-static CUresult primary_release(CUdevice dev, dev_fn real, enum cd_wrapped w)
+static CUresult primary_end(CUdevice dev, dev_fn real, enum cd_wrapped w)
 {
     if (!real)
         return cd_missing(w);
-    cd_primary_releasing(dev);
+    cd_primary_ending(dev);
     CUresult rc = real(dev);
-    cd_primary_released(dev);
+    cd_primary_ended(dev);
     return rc;
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    return primary_release(dev, REAL(cuDevicePrimaryCtxRelease), CD_W_cuDevicePrimaryCtxRelease);
+    return primary_end(dev, REAL(cuDevicePrimaryCtxRelease), CD_W_cuDevicePrimaryCtxRelease);
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    return primary_release(dev, REAL(cuDevicePrimaryCtxRelease_v2),
-                           CD_W_cuDevicePrimaryCtxRelease_v2);
-}
-
-static CUresult primary_reset(CUdevice dev, dev_fn real, enum cd_wrapped w)
-{
-    if (!real)
-        return cd_missing(w);
-    cd_primary_resetting(dev);
-    return real(dev);
+    return primary_end(dev, REAL(cuDevicePrimaryCtxRelease_v2), CD_W_cuDevicePrimaryCtxRelease_v2);
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    return primary_reset(dev, REAL(cuDevicePrimaryCtxReset), CD_W_cuDevicePrimaryCtxReset);
+    return primary_end(dev, REAL(cuDevicePrimaryCtxReset), CD_W_cuDevicePrimaryCtxReset);
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    return primary_reset(dev, REAL(cuDevicePrimaryCtxReset_v2), CD_W_cuDevicePrimaryCtxReset_v2);
+    return primary_end(dev, REAL(cuDevicePrimaryCtxReset_v2), CD_W_cuDevicePrimaryCtxReset_v2);
 }
 
 EXPORT CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx)

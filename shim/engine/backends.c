@@ -40,36 +40,30 @@ static CUresult release_library(const struct cd_record *r)
     return ops->library_unload ? ops->library_unload((CUlibrary)r->key) : CUDA_ERROR_NOT_FOUND;
 }
 
+#define VALUE CUDA_ERROR_INVALID_VALUE
+#define HANDLE CUDA_ERROR_INVALID_HANDLE
+#define UNREGISTERED CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+#define DESTROYED CUDA_ERROR_CONTEXT_IS_DESTROYED
+
+/* Managed memory has no stream-ordered free (cuMemFreeAsync answers
+ * CUDA_ERROR_NOT_SUPPORTED); a mipmapped array is taken to answer as an
+ * array; libraries outlive contexts. */
 static const struct cd_backend rows[CD_KIND_COUNT] = {
-    [CD_DEVICE] = {.option = CD_OPT_DEVICE, .stream_ordered = true, .reusable = true,
-                   .freed_by_context = true, .double_release = CUDA_ERROR_INVALID_VALUE,
-                   .torn_release = CUDA_ERROR_INVALID_VALUE, .release = release_device},
-    /* cuMemFreeAsync answers CUDA_ERROR_NOT_SUPPORTED for managed memory. */
-    [CD_MANAGED] = {.option = CD_OPT_MANAGED, .reusable = true, .freed_by_context = true,
-                    .double_release = CUDA_ERROR_INVALID_VALUE,
-                    .torn_release = CUDA_ERROR_INVALID_VALUE, .release = release_device},
-    [CD_HOST] = {.option = CD_OPT_HOST, .reusable = true, .freed_by_context = true,
-                 .double_release = CUDA_ERROR_INVALID_VALUE,
-                 .torn_release = CUDA_ERROR_INVALID_VALUE, .release = release_host},
-    [CD_REGISTERED] = {.option = CD_OPT_REGISTERED, .program_pages = true,
-                       .freed_by_context = true,
-                       .double_release = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-                       .torn_release = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-                       .release = release_registered},
-    [CD_ARRAY] = {.option = CD_OPT_ARRAY, .freed_by_context = true,
-                  .double_release = CUDA_ERROR_INVALID_HANDLE,
-                  .torn_release = CUDA_ERROR_CONTEXT_IS_DESTROYED, .release = release_array},
-    /* Taken to answer as an array. */
-    [CD_MIPMAPPED] = {.option = CD_OPT_ARRAY, .freed_by_context = true,
-                      .double_release = CUDA_ERROR_INVALID_HANDLE,
-                      .torn_release = CUDA_ERROR_CONTEXT_IS_DESTROYED,
-                      .release = release_mipmapped},
-    [CD_MODULE] = {.option = CD_OPT_MODULE, .freed_by_context = true,
-                   .double_release = CUDA_ERROR_INVALID_HANDLE,
-                   .torn_release = CUDA_ERROR_INVALID_HANDLE, .release = release_module},
-    [CD_LIBRARY] = {.option = CD_OPT_LIBRARY, .double_release = CUDA_ERROR_INVALID_HANDLE,
-                    .torn_release = CUDA_ERROR_INVALID_HANDLE, .release = release_library},
+    /*               option              stream reuse  pages  freed  double        torn          release */
+    [CD_DEVICE]     = {CD_OPT_DEVICE,     true,  true,  false, true,  VALUE,        VALUE,        release_device},
+    [CD_MANAGED]    = {CD_OPT_MANAGED,    false, true,  false, true,  VALUE,        VALUE,        release_device},
+    [CD_HOST]       = {CD_OPT_HOST,       false, true,  false, true,  VALUE,        VALUE,        release_host},
+    [CD_REGISTERED] = {CD_OPT_REGISTERED, false, false, true,  true,  UNREGISTERED, UNREGISTERED, release_registered},
+    [CD_ARRAY]      = {CD_OPT_ARRAY,      false, false, false, true,  HANDLE,       DESTROYED,    release_array},
+    [CD_MIPMAPPED]  = {CD_OPT_ARRAY,      false, false, false, true,  HANDLE,       DESTROYED,    release_mipmapped},
+    [CD_MODULE]     = {CD_OPT_MODULE,     false, false, false, true,  HANDLE,       HANDLE,       release_module},
+    [CD_LIBRARY]    = {CD_OPT_LIBRARY,    false, false, false, false, HANDLE,       HANDLE,       release_library},
 };
+
+#undef VALUE
+#undef HANDLE
+#undef UNREGISTERED
+#undef DESTROYED
 
 const struct cd_backend *cd_backend(enum cd_kind kind)
 {

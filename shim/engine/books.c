@@ -1,6 +1,7 @@
 /* books.c - a context's deferred entries, bins and sums. */
 #include "books.h"
 
+#include "array.h"
 #include "backends.h"
 #include "options.h"
 #include "stats.h"
@@ -21,17 +22,9 @@ static void note_range(const struct cd_record *r, int sign)
     struct range want = {r->key, r->key + r->bytes};
     atomic_fetch_add(&registered_pending, sign);
     pthread_mutex_lock(&ranges_lock);
-    if (sign > 0 && nranges == cap_ranges) {
-        size_t cap = cap_ranges ? cap_ranges * 2 : 16;
-        struct range *p = realloc(ranges, cap * sizeof *p);
-        if (p) {
-            ranges = p;
-            cap_ranges = cap;
-        }
-    }
     /* Without room the range is not noted; the registration's own
      * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED still leads to a flush. */
-    if (sign > 0 && nranges < cap_ranges)
+    if (sign > 0 && cd_array_room((void **)&ranges, &cap_ranges, nranges + 1, sizeof *ranges))
         ranges[nranges++] = want;
     for (size_t i = 0; sign < 0 && i < nranges; i++) {
         if (ranges[i].lo == want.lo && ranges[i].hi == want.hi) {

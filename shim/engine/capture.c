@@ -1,10 +1,10 @@
 /* capture.c - the capture gate and the table of live captures. */
 #include "capture.h"
 
+#include "array.h"
 #include "engine.h"
 #include "log.h"
 #include "driver.h"
-#include "retire.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -51,10 +51,18 @@ bool cd_capture_live(void)
     return atomic_load(&captures_live) != 0;
 }
 
+static void (*_Atomic reopened)(void);
+
+void cd_capture_on_reopen(void (*fn)(void))
+{
+    atomic_store(&reopened, fn);
+}
+
 static void capture_done(int n)
 {
-    if (n > 0 && atomic_fetch_sub(&captures_live, n) == n)
-        cd_retire_backlog();
+    void (*fn)(void) = atomic_load(&reopened);
+    if (n > 0 && atomic_fetch_sub(&captures_live, n) == n && fn)
+        fn();
 }
 
 void cd_capture_begin(void)
@@ -101,15 +109,7 @@ void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
     struct capture c = {canonical(stream, per_thread), pthread_self(), NULL};
     c.ctx = context_of(c.stream);
     pthread_mutex_lock(&table_lock);
-    if (ntable == cap_table) {
-        size_t cap = cap_table ? cap_table * 2 : 16;
-        struct capture *p = realloc(table, cap * sizeof *p);
-        if (p) {
-            table = p;
-            cap_table = cap;
-        }
-    }
-    bool kept = ntable < cap_table;
+    bool kept = cd_array_room((void **)&table, &cap_table, ntable + 1, sizeof *table);
     if (kept)
         table[ntable++] = c;
     pthread_mutex_unlock(&table_lock);

@@ -25,6 +25,10 @@
 #include <cuda.h>
 #include <stdbool.h>
 
+/* fn runs each time the last live capture ends (the retire path fences
+ * what was deferred meanwhile). */
+void cd_capture_on_reopen(void (*fn)(void));
+
 /* false while a capture is live: then nothing may be recorded. */
 bool cd_gate_enter(void);
 void cd_gate_exit(void);

@@ -2,9 +2,9 @@
  * context aliases, spare events, and the scope of the engine's own calls. */
 #include "contexts.h"
 
+#include "array.h"
 #include "driver.h"
 #include "log.h"
-#include "process.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -33,9 +33,14 @@ static struct cd_ctx *slot(int i)
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
 {
     int n = atomic_load(&nslots);
-    for (int i = 0; i < n; i++)
-        if (atomic_load(&slot(i)->state) == CD_CTX_READY)
-            fn(slot(i), arg);
+    for (int i = 0; i < n; i++) {
+        struct cd_ctx *c = slot(i);
+        unsigned gen;
+        if (atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter_any(c, &gen))
+            continue;
+        fn(c, arg);
+        cd_ctx_exit(c);
+    }
 }
 
 /* ---- green context aliases ------------------------------------------------ */
@@ -54,15 +59,7 @@ void cd_ctx_alias_add(const struct cd_alias *a)
             return;
         }
     }
-    if (naliases == cap_aliases) {
-        size_t cap = cap_aliases ? cap_aliases * 2 : 8;
-        struct cd_alias *p = realloc(aliases, cap * sizeof *p);
-        if (p) {
-            aliases = p;
-            cap_aliases = cap;
-        }
-    }
-    if (naliases < cap_aliases) {
+    if (cd_array_room((void **)&aliases, &cap_aliases, naliases + 1, sizeof *aliases)) {
         aliases[naliases++] = *a;
         atomic_store(&live_aliases, naliases);
     }
@@ -200,6 +197,13 @@ void cd_scope_leave(struct cd_scope *sc)
 }
 
 /* ---- set-up ---------------------------------------------------------------- */
+
+static void (*_Atomic first_setup)(void);
+
+void cd_ctx_on_first_setup(void (*fn)(void))
+{
+    atomic_store(&first_setup, fn);
+}
 
 static void init_slot(struct cd_ctx *c)
 {
@@ -351,7 +355,9 @@ struct cd_ctx *cd_ctx_get(CUcontext ctx)
             sched_yield();
         return cd_ctx_find(ctx);
     }
-    cd_process_start();
+    void (*hook)(void) = atomic_load(&first_setup);
+    if (hook)
+        hook();
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
     bool ok = setup(c, ctx, ops);
@@ -469,16 +475,8 @@ void cd_ctx_event_put(struct cd_ctx *c, CUevent ev)
     if (!ev)
         return;
     pthread_mutex_lock(&c->pool_lock);
-    bool kept = c->nevents < c->cap_events;
-    if (!kept) {
-        size_t cap = c->cap_events ? c->cap_events * 2 : 32;
-        CUevent *p = realloc(c->events, cap * sizeof *p);
-        if (p) {
-            c->events = p;
-            c->cap_events = cap;
-            kept = true;
-        }
-    }
+    bool kept = cd_array_room((void **)&c->events, &c->cap_events, c->nevents + 1,
+                              sizeof *c->events);
     if (kept)
         c->events[c->nevents++] = ev;
     pthread_mutex_unlock(&c->pool_lock);

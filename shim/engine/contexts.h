@@ -107,7 +107,8 @@ struct cd_batch {
     struct cd_link records;
 };
 
-/* Calls fn on every slot that is READY (without entering it). */
+/* Calls fn on every slot that is READY, entered for the call (skipping one
+ * that closes meanwhile). */
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
 
 /* The READY slot of ctx (a green context's CUcontext names its primary's),
@@ -120,6 +121,10 @@ struct cd_ctx *cd_ctx_find(CUcontext ctx);
  * creation paths only; waits for nothing but the new private stream. NULL
  * when the driver refused (the context's releases then pass through). */
 struct cd_ctx *cd_ctx_get(CUcontext ctx);
+
+/* fn runs once per process before the first slot is set up (the process
+ * module starts the waiter and the exit handler there). */
+void cd_ctx_on_first_setup(void (*fn)(void));
 
 /* The current context's slot, or NULL (none current, or never seen). */
 struct cd_ctx *cd_ctx_current(void);

@@ -39,7 +39,9 @@
 #ifndef CUDEFER_ENGINE_H
 #define CUDEFER_ENGINE_H
 
+#include "driver.h"
 #include "kinds.h"
+#include "options.h"
 
 #include <cuda.h>
 #include <stdbool.h>
@@ -49,27 +51,21 @@
 /* Whether the engine takes calls: CUDEFER_ENABLE, a usable driver, and not
  * past the exit handler (at exit the driver tears itself down; from then on
  * every call goes to it unchanged). */
-bool cd_engine_on(void);
+static inline bool cd_engine_on(void)
+{
+    return cd_option_bool(CD_OPT_ENABLE) && cd_driver_in_use();
+}
 
 /* --- releases --------------------------------------------------------------
- * cd_release_* return true when the engine took the release and stored the
- * caller's answer in *rc; false means "make the driver's own call", which
- * is always correct: it is what the program asked for. */
-
-/* cuMemFree of device or managed memory. Does not wait. */
-bool cd_release_device(CUdeviceptr ptr, CUresult *rc);
-/* cuMemFreeHost. Does not wait. */
-bool cd_release_host(void *ptr, CUresult *rc);
-/* cuMemHostUnregister: with CUDEFER_REGISTERED=wait (the default) WAITS for
- * the work submitted before the call, then defers the driver's unregister;
- * =defer does not wait. */
-bool cd_release_registered(void *ptr, CUresult *rc);
-/* cuArrayDestroy, cuMipmappedArrayDestroy, cuModuleUnload, cuLibraryUnload.
- * Do not wait. */
-bool cd_release_array(CUarray array, CUresult *rc);
-bool cd_release_mipmapped(CUmipmappedArray array, CUresult *rc);
-bool cd_release_module(CUmodule module, CUresult *rc);
-bool cd_release_library(CUlibrary library, CUresult *rc);
+ * cd_release returns true when the engine took the release of the object
+ * of class cls (CD_DEVICE for cuMemFree of device or managed memory) named
+ * key, and stored the caller's answer in *rc; false means "make the
+ * driver's own call", which is always correct: it is what the program
+ * asked for. Does not wait, except for CD_REGISTERED (cuMemHostUnregister)
+ * with CUDEFER_REGISTERED=wait, the default: it WAITS for the work submitted
+ * before the call, then defers the driver's unregister; and a release beyond
+ * the limits, which is the driver's own call and waits as it does. */
+bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc);
 
 /* The answer to cuMemHostUnregister(ptr) given the driver's answer rc: an
  * address the driver knows only because the engine holds the block the
@@ -171,15 +167,14 @@ void cd_context_created(CUcontext ctx);
  * destruction frees it) and its private objects are destroyed. */
 void cd_context_destroying(CUcontext ctx);
 
-/* Around cuDevicePrimaryCtxRelease: the engine stops using the primary
- * context before the call, and after it asks the driver whether the context
- * is still active (a release the engine did not see retained may end it, or
- * not): if so it goes on using it, else what it held for it is dropped. */
-void cd_primary_retained(CUdevice dev, CUcontext ctx);
-void cd_primary_releasing(CUdevice dev);
-void cd_primary_released(CUdevice dev);
-/* Before cuDevicePrimaryCtxReset (which destroys the primary context). */
-void cd_primary_resetting(CUdevice dev);
+/* Around cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset: the engine
+ * stops using the primary context before the call, and after it asks the
+ * driver whether the context is still active (a release the engine did not
+ * see retained may end it, or not; a reset ends it): if so it goes on using
+ * it, else what it held for it is dropped, without naming the dead context.
+ * cd_primary_ending may wait for a flush under way in that context. */
+void cd_primary_ending(CUdevice dev);
+void cd_primary_ended(CUdevice dev);
 
 /* After cuCtxFromGreenCtx: green's CUcontext is an alias of its device's
  * primary context. Around cuGreenCtxDestroy, which releases a reference on

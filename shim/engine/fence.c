@@ -4,20 +4,7 @@
 #include "driver.h"
 #include "log.h"
 
-#include <stdlib.h>
-
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, n * elem);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = n;
-    return true;
-}
+#include "array.h"
 
 /* Before 12.5: an event on each stream the program made in o, and the final
  * events of destroyed ones. */
@@ -53,11 +40,9 @@ struct others {
 static void fence_other(struct cd_ctx *o, void *arg)
 {
     struct others *a = arg;
-    unsigned gen;
-    if (o == a->c || !cd_ctx_enter_any(o, &gen))
+    if (o == a->c)
         return;
     CUresult rc = fence_one(a->c, o, a->ops);
-    cd_ctx_exit(o);
     if (rc != CUDA_SUCCESS)
         cd_log(CD_LOG_DEBUG, "fence over context %p: error %d", (void *)atomic_load(&o->handle),
                (int)rc);
@@ -90,7 +75,7 @@ void cd_fence_stream_added(struct cd_ctx *c, CUstream s)
     if (c->ctx_record || cd_driver_ops()->event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
         return;
     pthread_mutex_lock(&c->streams_lock);
-    bool ok = grow((void **)&c->streams, &c->cap_streams, c->nstreams + 1, sizeof c->streams[0]);
+    bool ok = cd_array_room((void **)&c->streams, &c->cap_streams, c->nstreams + 1, sizeof c->streams[0]);
     if (ok)
         c->streams[c->nstreams++] = (struct cd_tracked){s, ev};
     pthread_mutex_unlock(&c->streams_lock);
@@ -111,7 +96,7 @@ void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
         /* The stream may still run work after its destroy returns: later
          * fences wait for this final record until it completes. */
         if (ops->event_record(ev, s) == CUDA_SUCCESS &&
-            grow((void **)&c->finals, &c->cap_finals, c->nfinals + 1, sizeof(CUevent)))
+            cd_array_room((void **)&c->finals, &c->cap_finals, c->nfinals + 1, sizeof(CUevent)))
             c->finals[c->nfinals++] = ev;
         else
             ops->event_destroy(ev);

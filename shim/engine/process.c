@@ -9,6 +9,7 @@
 #include "options.h"
 #include "books.h"
 #include "registry.h"
+#include "retire.h"
 #include "stats.h"
 #include "waiter.h"
 
@@ -17,25 +18,13 @@
 #include <stdlib.h>
 
 static _Atomic bool started;
-static _Atomic bool exiting;
 static _Atomic bool exit_registered;
-
-bool cd_engine_on(void)
-{
-    return !atomic_load_explicit(&exiting, memory_order_relaxed) &&
-           cd_option_bool(CD_OPT_ENABLE) && cd_real_dlsym_fn() && cd_driver_ops();
-}
-
-bool cd_process_exiting(void)
-{
-    return atomic_load(&exiting);
-}
 
 static void at_exit(void)
 {
     /* The driver may tear itself down after this: the engine takes no more
      * calls and the waiter stops touching it. */
-    atomic_store(&exiting, true);
+    cd_driver_stop_using();
     cd_waiter_stop();
     cd_stats_report();
 }
@@ -67,6 +56,8 @@ static void in_child(void)
 
 __attribute__((constructor)) static void process_init(void)
 {
+    cd_ctx_on_first_setup(cd_process_start);
+    cd_capture_on_reopen(cd_retire_backlog);
     pthread_atfork(NULL, NULL, in_child);
 }
 

@@ -13,10 +13,9 @@
 #include <stdbool.h>
 
 /* Starts the waiter and registers the exit handler, once per process (and
- * again in a forked child). Does not wait. */
+ * again in a forked child), before the first context is set up (contexts.c
+ * calls it through the hook this module installs at load). Does not
+ * wait. */
 void cd_process_start(void);
-
-/* True once the exit handler has run. */
-bool cd_process_exiting(void);
 
 #endif

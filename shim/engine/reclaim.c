@@ -101,9 +101,6 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
  * Returns whether there was anything to do. MAY WAIT. */
 static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle)
 {
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return false;
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
@@ -117,7 +114,6 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     releasing_add((long long)n);
     if (!n && !frees) {
         releasing_add(-1);
-        cd_ctx_exit(c);
         return false;
     }
     atomic_fetch_add(&cd_stats.flushes[why], 1);
@@ -161,7 +157,6 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     cd_range_pop();
     cd_log(CD_LOG_INFO, "flush (%s) of context %p: %zu entries, %d released with the driver's "
            "calls", cd_flush_reason_name(why), (void *)atomic_load(&c->handle), n, released);
-    cd_ctx_exit(c);
     return true;
 }
 
@@ -197,10 +192,13 @@ void cd_context_synchronized(CUcontext ctx)
     if (!cd_engine_on())
         return;
     struct cd_ctx *c = ctx ? cd_ctx_find(ctx) : cd_ctx_current();
+    unsigned gen;
+    if (!c || !cd_ctx_enter_any(c, &gen))
+        return;
     /* Everything: device blocks through cuMemFreeAsync (the waiter settles
      * them), the rest with the driver's releases. */
-    if (c)
-        flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+    cd_ctx_exit(c);
 }
 
 /* ---- out of memory ------------------------------------------------------------ */
@@ -217,9 +215,6 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
 {
     bool *any = arg;
     const struct cd_driver_ops *ops = cd_driver_ops();
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     struct cd_link list, freed;
@@ -250,7 +245,6 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
     cd_scope_leave(&sc);
     if (cd_waiter_settle(c, false))
         *any = true;
-    cd_ctx_exit(c);
 }
 
 static bool holds_anything(void)
@@ -261,36 +255,24 @@ static bool holds_anything(void)
 static void note_held(struct cd_ctx *c, void *arg)
 {
     bool *held = arg;
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     if (!cd_books_empty(c) || cd_waiter_pending(c) || cd_books_claims(c))
         *held = true;
-    cd_ctx_exit(c);
 }
 
 /* Waits for what reuses claim (each for at most an allocation's cost). */
 static void claims_wait(struct cd_ctx *c, void *arg)
 {
     (void)arg;
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     for (int i = 0; i < 100000 && cd_books_claims(c) > 0; i++) {
         struct timespec nap = {0, 100000};
         nanosleep(&nap, NULL);
     }
-    cd_ctx_exit(c);
 }
 
 static void settle_each(struct cd_ctx *c, void *arg)
 {
     (void)arg;
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     cd_waiter_settle(c, true);
-    cd_ctx_exit(c);
 }
 
 /* Everything the engine holds goes back to the driver. WAITS for the GPU. */

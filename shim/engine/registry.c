@@ -183,28 +183,29 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     return res;
 }
 
-bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key)
+/* The state of the record of (cls, key), or -1; with mark_exported, a LIVE
+ * one is marked exported. */
+static int peek(enum cd_kind cls, uintptr_t key, bool mark_exported)
 {
     uint64_t h = hash(cls, key);
     struct shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     struct cd_record *r = s->bucket ? *find(s, h, cls, key) : NULL;
-    bool retired = r && r->state == CD_RETIRED;
+    int state = r ? r->state : -1;
+    if (r && mark_exported && state == CD_LIVE)
+        r->exported = true;
     pthread_mutex_unlock(&s->lock);
-    return retired;
+    return state;
+}
+
+bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key)
+{
+    return peek(cls, key, false) == CD_RETIRED;
 }
 
 bool cd_registry_export(enum cd_kind cls, uintptr_t key)
 {
-    uint64_t h = hash(cls, key);
-    struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->lock);
-    struct cd_record *r = s->bucket ? *find(s, h, cls, key) : NULL;
-    bool live = r && r->state == CD_LIVE;
-    if (live)
-        r->exported = true;
-    pthread_mutex_unlock(&s->lock);
-    return live;
+    return peek(cls, key, true) == CD_LIVE;
 }
 
 void cd_registry_unretire(struct cd_record *r)

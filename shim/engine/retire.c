@@ -265,39 +265,9 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     return took;
 }
 
-bool cd_release_device(CUdeviceptr ptr, CUresult *rc)
+bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc)
 {
-    return retire(CD_DEVICE, (uintptr_t)ptr, rc);
-}
-
-bool cd_release_host(void *ptr, CUresult *rc)
-{
-    return retire(CD_HOST, (uintptr_t)ptr, rc);
-}
-
-bool cd_release_registered(void *ptr, CUresult *rc)
-{
-    return retire(CD_REGISTERED, (uintptr_t)ptr, rc);
-}
-
-bool cd_release_array(CUarray array, CUresult *rc)
-{
-    return retire(CD_ARRAY, (uintptr_t)array, rc);
-}
-
-bool cd_release_mipmapped(CUmipmappedArray array, CUresult *rc)
-{
-    return retire(CD_MIPMAPPED, (uintptr_t)array, rc);
-}
-
-bool cd_release_module(CUmodule module, CUresult *rc)
-{
-    return retire(CD_MODULE, (uintptr_t)module, rc);
-}
-
-bool cd_release_library(CUlibrary library, CUresult *rc)
-{
-    return retire(CD_LIBRARY, (uintptr_t)library, rc);
+    return retire(cls, key, rc);
 }
 
 /* ---- the backlog of a capture ------------------------------------------------ */
@@ -305,28 +275,24 @@ bool cd_release_library(CUlibrary library, CUresult *rc)
 static void fence_backlog(struct cd_ctx *c, void *arg)
 {
     (void)arg;
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     struct cd_link list;
     cd_list_init(&list);
-    if (cd_books_take_unfenced(c, &list)) {
-        struct cd_scope sc;
-        cd_scope_enter(&sc, atomic_load(&c->handle), false);
-        while (!cd_list_empty(&list)) {
-            struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
-            cd_list_remove(&r->age);
-            if (!atomic_load(&c->sticky) && cd_gate_enter()) {
-                if (cd_fence(c, &r->done) != CUDA_SUCCESS)
-                    cd_retire_drop_event(c, r);
-                cd_gate_exit();
-            }
-            cd_books_defer(c, r);
+    if (!cd_books_take_unfenced(c, &list))
+        return;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), false);
+    while (!cd_list_empty(&list)) {
+        struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        if (!atomic_load(&c->sticky) && cd_gate_enter()) {
+            if (cd_fence(c, &r->done) != CUDA_SUCCESS)
+                cd_retire_drop_event(c, r);
+            cd_gate_exit();
         }
-        cd_scope_leave(&sc);
-        cd_retire_evict(c);
+        cd_books_defer(c, r);
     }
-    cd_ctx_exit(c);
+    cd_scope_leave(&sc);
+    cd_retire_evict(c);
 }
 
 void cd_retire_backlog(void)

@@ -18,16 +18,25 @@ static struct cd_ctx *context_of(CUstream stream, bool create)
     return create ? cd_ctx_get(ctx) : cd_ctx_find(ctx);
 }
 
-void cd_stream_created(CUstream stream)
+/* Tells the fences of stream's context that it was created or is about to
+ * be destroyed. */
+static void follow(CUstream stream, bool created)
 {
-    if (!cd_engine_on())
-        return;
-    struct cd_ctx *c = context_of(stream, true);
+    struct cd_ctx *c = context_of(stream, created);
     unsigned gen;
     if (!c || !cd_ctx_enter_any(c, &gen))
         return;
-    cd_fence_stream_added(c, stream);
+    if (created)
+        cd_fence_stream_added(c, stream);
+    else
+        cd_fence_stream_removed(c, stream);
     cd_ctx_exit(c);
+}
+
+void cd_stream_created(CUstream stream)
+{
+    if (cd_engine_on())
+        follow(stream, true);
 }
 
 void cd_stream_destroying(CUstream stream)
@@ -35,10 +44,5 @@ void cd_stream_destroying(CUstream stream)
     if (!cd_engine_on())
         return;
     cd_capture_stream_gone(stream);
-    struct cd_ctx *c = context_of(stream, false);
-    unsigned gen;
-    if (!c || !cd_ctx_enter_any(c, &gen))
-        return;
-    cd_fence_stream_removed(c, stream);
-    cd_ctx_exit(c);
+    follow(stream, false);
 }

@@ -1,7 +1,6 @@
 /* teardown.c - contexts that go away.
  *
- * Before cuCtxDestroy or cuDevicePrimaryCtxReset reaches the driver, the
- * context's slot is closed (uses under way end first; a flush in progress
+ * Before cuCtxDestroy reaches the driver, the context's slot is closed (uses under way end first; a flush in progress
  * may make this wait for the GPU, as the destruction itself does), and
  * everything held for it is settled while the context still exists:
  *   - device frees in flight and watches end (the destruction completes
@@ -15,13 +14,14 @@
  *   - the private streams and events are destroyed.
  * Nothing is released against a dead context, and nothing is leaked.
  *
- * A primary context's release may or may not be its last, whatever the
- * engine counted (a retain made before cudefer was loaded, a count a reset
- * zeroed, a green context's reference): the slot is closed around the call,
- * and the driver is asked afterwards. If the context is still active, the
- * slot reopens with everything it held; if not, it is torn down after the
- * fact, without naming the dead context. A green context's destruction
- * releases a reference on its primary context: the same.
+ * A primary context's release may or may not be its last, whatever a count
+ * would say (a retain made before cudefer was loaded, a green context's
+ * reference): the slot is closed around the call, and the driver is asked
+ * afterwards. If the context is still active, the slot reopens with
+ * everything it held; if not, it is torn down after the fact, without
+ * naming the dead context (its private objects died with it). A reset
+ * always ends the context, and a green context's destruction releases a
+ * reference on its primary context: both take the same way.
  */
 #include "engine.h"
 
@@ -155,13 +155,7 @@ static void settle_primary(void)
     pthread_mutex_unlock(&primary_lock);
 }
 
-void cd_primary_retained(CUdevice dev, CUcontext ctx)
-{
-    (void)dev;
-    cd_context_created(ctx);
-}
-
-void cd_primary_releasing(CUdevice dev)
+void cd_primary_ending(CUdevice dev)
 {
     if (cd_engine_on())
         close_primary(dev);
@@ -169,28 +163,10 @@ void cd_primary_releasing(CUdevice dev)
         pthread_mutex_lock(&primary_lock);
 }
 
-void cd_primary_released(CUdevice dev)
+void cd_primary_ended(CUdevice dev)
 {
     (void)dev;
     settle_primary();
-}
-
-void cd_primary_resetting(CUdevice dev)
-{
-    if (!cd_engine_on())
-        return;
-    pthread_mutex_lock(&primary_lock);
-    struct cd_ctx *c = cd_ctx_primary(dev);
-    if (c) {
-        CUcontext ctx = atomic_load(&c->handle);
-        cd_capture_context_gone(ctx);
-        cd_ctx_close(c);
-        struct cd_scope sc;
-        cd_scope_enter(&sc, ctx, true);
-        tear(c, true);
-        cd_scope_leave(&sc);
-    }
-    pthread_mutex_unlock(&primary_lock);
 }
 
 void cd_green_seen(CUgreenCtx green, CUcontext ctx)

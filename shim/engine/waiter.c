@@ -248,13 +248,9 @@ struct pass {
 static void visit(struct cd_ctx *c, void *arg)
 {
     struct pass *p = arg;
-    unsigned gen;
-    if (!cd_ctx_enter_any(c, &gen))
-        return;
     p->done += cd_waiter_settle(c, false);
     see_watches(c, p->ops);
     cd_fence_prune(c);
-    cd_ctx_exit(c);
 }
 
 static void *waiter_main(void *arg)
