@@ -1,8 +1,10 @@
 /* loops.c - cudefer-loops: what releases cost, without and with cudefer,
- * side by side.
+ * side by side, and beside the driver's own stream-ordered pools.
  *
- * Three sections, each measured in child processes of this same program,
- * one without cudefer and one with it (LD_PRELOAD of the shim):
+ * Four sections, each measured in child processes of this same program:
+ * one without cudefer ("none", the driver alone), one with it (LD_PRELOAD
+ * of the shim) and, for the loops, one that uses the driver's
+ * stream-ordered pool instead of the plain calls ("pool", no cudefer):
  *
  *  stall  Each release (cuMemFree of device and of managed memory,
  *         cuMemFreeHost of cuMemAllocHost and of cuMemHostAlloc memory,
@@ -12,49 +14,81 @@
  *         caller was blocked, and the ms a cuLaunchKernel of a tiny kernel
  *         on a third stream, made by another thread 5 ms into the release,
  *         was blocked.
- *  loops  Allocate, touch with a kernel (cudefer_touch of 16 words, on a
- *         non-blocking stream), release, with no synchronisation inside the
- *         loop and one cuCtxSynchronize after it (timed): us per iteration;
- *         the peak of cudefer's deferred bytes (from its JSON report,
- *         CUDEFER_REPORT) and the peak device memory in use (cuMemGetInfo
- *         sampled about 50 times a run, above the level before the loop).
- *         Pinned host memory comes from cuMemAllocHost and is touched
- *         through cuMemHostGetDevicePointer; registered memory is a
- *         page-aligned malloc'd buffer, allocated once per row, registered
- *         with CU_MEMHOSTREGISTER_DEVICEMAP in every iteration; managed
- *         memory is cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL).
- *  cost   Release calls with no GPU work: N cuMemAlloc of 4 KiB, then N
- *         cuMemFree (and the same for cuMemAllocHost / cuMemFreeHost); and
- *         calls cudefer does not wrap (cuCtxGetCurrent) through the linked
- *         symbol, a cuGetProcAddress pointer and a dlsym pointer, plus the
- *         wrapped no-op cuMemFree(0).
+ *  loops  Allocate, touch with a kernel, release, with no synchronisation
+ *         inside the loop and one cuCtxSynchronize after it (timed): us per
+ *         iteration. Rows: device (cuMemAlloc / cuMemFree), pinned host
+ *         (cuMemAllocHost / cuMemFreeHost, touched through
+ *         cuMemHostGetDevicePointer), registered (one page-aligned malloc'd
+ *         buffer per row, cuMemHostRegister(DEVICEMAP) /
+ *         cuMemHostUnregister every iteration) and managed
+ *         (cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL) / cuMemFree), each of
+ *         4 KiB and of 64 MiB. Two touches: "light", cudefer_touch of 16
+ *         words by one thread; "full", cudefer_fill by many blocks, every
+ *         word of the block written. The pool child allocates with
+ *         cuMemAllocAsync / cuMemAllocFromPoolAsync and frees with
+ *         cuMemFreeAsync on the loop's stream, release threshold at the
+ *         maximum: device memory from the device's default pool; pinned
+ *         host memory from a pool of location type HOST (driver 12.6+;
+ *         made accessible to the device with cuMemPoolSetAccess); managed
+ *         memory from a managed pool (13.0+). A pool that cannot be made
+ *         is reported as not available, with the driver's answer;
+ *         registrations have no pool. Memory held at the peak: cudefer's
+ *         peak_deferred_bytes + peak_cached_device_bytes (its JSON report,
+ *         CUDEFER_REPORT); the pool's CU_MEMPOOL_ATTR_USED_MEM_HIGH and
+ *         RESERVED_MEM_HIGH; 0 for the driver alone.
+ *  cost   Calls with no GPU work: N cuMemAlloc of 4 KiB, then N cuMemFree
+ *         (and the same for cuMemAllocHost / cuMemFreeHost); calls cudefer
+ *         does not wrap (cuCtxGetCurrent) through the linked symbol, a
+ *         cuGetProcAddress pointer and a dlsym pointer; the wrapped no-op
+ *         cuMemFree(0); and cuLaunchKernel of an empty kernel, which
+ *         cudefer wraps, through the linked symbol and a cuGetProcAddress
+ *         pointer: ns per call.
+ *  live   cudefer's bookkeeping as the number of live blocks grows: the
+ *         child allocates N device blocks of 256 bytes (N = 10^3, 10^5,
+ *         10^6, 3*10^6, 10^7), keeps them, and at each N times a loop of
+ *         cuMemAlloc / cuMemFree pairs of one more block: ns per pair. It
+ *         stops growing when the next N would not fit in --live-budget
+ *         seconds of allocation (the child with cudefer gets twice the
+ *         time, and the largest N the child without it reached), or when
+ *         less than a quarter of the device memory is free. The blocks are
+ *         left to the end of the process.
  *
  * Every figure is the median of --runs runs (default 5), with the spread
  * (min-max). The parent process makes no CUDA call: it runs the children
  * (this program again, with --child), reads their "R ..." lines and prints
- * markdown tables. The child without cudefer gets LD_PRELOAD without the
- * shim (stripped if the parent had it preloaded); the child with cudefer
- * gets the shim first in LD_PRELOAD and CUDEFER_REPORT set to a temporary
- * file, read after it exits.
+ * markdown tables, then a table of the goals (--goals FILE writes them as
+ * tab-separated lines too: goal, measured, verdict). The children without
+ * cudefer get LD_PRELOAD without the shim (stripped if the parent had it
+ * preloaded); the child with cudefer gets the shim first in LD_PRELOAD and
+ * CUDEFER_REPORT set to a temporary file, read after it exits.
  *
  * Over the cudefer test driver (tests/driver, found by its testdrv_launch
- * hook) no PTX runs: the spin and touch kernels are simulated with
+ * hook) no PTX runs: the spin, touch and fill kernels are simulated with
  * testdrv_launch, and --smoke makes every count tiny. The timings then mean
  * nothing; the run checks that every measurement ran and every CUDA call
  * succeeded.
  *
  * Usage: cudefer-loops [--shim PATH] [--runs N] [--quick] [--smoke]
- *                      [--only stall,loops,cost] [--log FILE]
- *   --shim PATH  libcudefer.so (default: $CUDEFER_SHIM, else the one this
- *                process has preloaded)
- *   --runs N     runs per figure (default 5; 2 with --smoke)
- *   --quick      a 200 ms kernel in the stall section instead of 1 s
- *   --smoke      tiny counts, for the test driver
- *   --only LIST  sections to run (default all)
- *   --log FILE   every child line and every cudefer report, for the record
+ *                      [--only stall,loops,cost,live] [--log FILE]
+ *                      [--goals FILE] [--live-budget S] [--budget S]
+ *   --shim PATH      libcudefer.so (default: $CUDEFER_SHIM, else the one
+ *                    this process has preloaded)
+ *   --runs N         runs per figure (default 5; 2 with --smoke)
+ *   --quick          a 200 ms kernel in the stall section instead of 1 s
+ *   --smoke          tiny counts, for the test driver
+ *   --only LIST      sections to run (default all)
+ *   --log FILE       every child line and every cudefer report, for the
+ *                    record
+ *   --goals FILE     the goals and their verdicts, one a line
+ *   --live-budget S  seconds of allocation the live section's child
+ *                    without cudefer may spend growing (default 12; 2 with
+ *                    --smoke)
+ *   --budget S       start no child after S seconds, and end a child still
+ *                    running then (its measurements are reported missing):
+ *                    the tables are printed in any case
  * Exit status: 0 when every child ran to completion; 1 when one failed (a
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
- * line was missing); 2 for bad usage.
+ * line was missing); 2 for bad usage. A goal not met is not a failure.
  */
 #include "gpu.h"
 #include "kernels.h"
@@ -73,6 +107,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KIB ((size_t)1024)
@@ -90,15 +125,24 @@ static struct {
     const char *shim;
     const char *only;
     const char *log;
+    const char *goals;
+    double live_budget_s; /* 0: the default */
+    double budget_s;      /* parent: no child started after this many s (0: none) */
     /* child only */
-    const char *child;  /* "stall", "loop:<row>" or "cost" */
-    const char *mode;   /* "none" or "cudefer" */
+    const char *child;  /* "stall", "loop:<row>:<touch>", "cost" or "live" */
+    const char *mode;   /* "none", "cudefer" or "pool" */
+    long live_max;      /* live: the largest N to reach (0: no limit) */
 } opt = {.runs = 5};
 
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double live_budget(void)
+{
+    return opt.live_budget_s > 0 ? opt.live_budget_s : opt.smoke ? 2.0 : 12.0;
 }
 
 /* ======================================================================== */
@@ -120,7 +164,7 @@ static struct gpu {
     CUcontext ctx;
     CUdevice dev;
     CUmodule module;
-    CUfunction spin, touch;
+    CUfunction spin, touch, fill;
     simulate_fn simulate; /* the test driver's kernel hook, NULL on a GPU */
     faults_fn faults;
     flush_fn flush;       /* cudefer_flush, NULL without cudefer */
@@ -146,6 +190,23 @@ static CUresult k_touch(CUstream s, CUdeviceptr buf, unsigned long long words)
     if (gpu.simulate)
         return gpu.simulate(s, 0, buf, (size_t)words * 4, SIM_WRITE);
     return gc_touch_with(gpu.touch, s, buf, words);
+}
+
+/* cudefer_fill of every word of [buf, buf + bytes): one thread per word up
+ * to 1,056 blocks of 256 threads (8 per SM of an H200), then a grid-stride
+ * loop. */
+static CUresult k_fill(CUstream s, CUdeviceptr buf, size_t bytes)
+{
+    if (gpu.simulate)
+        return gpu.simulate(s, 0, buf, bytes, SIM_WRITE);
+    unsigned long long words = bytes / 4;
+    unsigned long long blocks = (words + 255) / 256;
+    if (blocks > 1056)
+        blocks = 1056;
+    if (blocks < 1)
+        blocks = 1;
+    void *args[] = {&buf, &words};
+    return cuLaunchKernel(gpu.fill, (unsigned)blocks, 1, 1, 256, 1, 1, 0, s, args, NULL);
 }
 
 static void out_token(char *dst, size_t n, const char *src)
@@ -178,7 +239,7 @@ static void gpu_open(void)
     if (strcmp(opt.mode, "cudefer") == 0 && !gpu.cudefer)
         gc_die("cudefer is not loaded in the child that should have it (LD_PRELOAD=%s)",
                getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
-    if (strcmp(opt.mode, "none") == 0 && gpu.cudefer)
+    if (strcmp(opt.mode, "cudefer") != 0 && gpu.cudefer)
         gc_die("cudefer is loaded in the child that should run without it");
 
     /* Over the test driver the image is not parsed; the functions are
@@ -186,6 +247,7 @@ static void gpu_open(void)
     GC_CHECK(cuModuleLoadData(&gpu.module, cudefer_kernels_ptx));
     GC_CHECK(cuModuleGetFunction(&gpu.spin, gpu.module, "cudefer_spin"));
     GC_CHECK(cuModuleGetFunction(&gpu.touch, gpu.module, "cudefer_touch"));
+    GC_CHECK(cuModuleGetFunction(&gpu.fill, gpu.module, "cudefer_fill"));
 
     char name[256] = "", tok[256];
     GC_CHECK(cuDeviceGetName(name, sizeof name, gpu.dev));
@@ -211,6 +273,19 @@ static void gpu_close(void)
     GC_CHECK(cuModuleUnload(gpu.module));
     GC_CHECK(cuCtxSetCurrent(NULL));
     GC_CHECK(cuDevicePrimaryCtxRelease(gpu.dev));
+}
+
+/* A driver entry point by name through cuGetProcAddress, NULL when the
+ * driver has none (the test driver lacks some). */
+static void *driver_proc(const char *name)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status;
+    if (cuGetProcAddress(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=
+            CUDA_SUCCESS ||
+        status != CU_GET_PROC_ADDRESS_SUCCESS)
+        return NULL;
+    return p;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -297,26 +372,36 @@ static void child_stall(void)
 /* ------------------------------------------------------------------------ */
 
 enum loop_kind { L_DEVICE, L_HOST, L_REGISTERED, L_MANAGED };
+enum touch { T_LIGHT, T_FULL, N_TOUCH };
+static const char *const touch_names[N_TOUCH] = {"light", "full"};
 
 struct loop_row {
     const char *id;
     const char *label;
     enum loop_kind kind;
     size_t bytes;
-    int iters;       /* about 0.3-1 s per run without cudefer on an H200 */
+    const char *calls;  /* the calls the driver and cudefer children make */
+    int iters[N_TOUCH]; /* a run without cudefer: about 0.1-0.3 s on an H200 */
     int smoke_iters;
 };
 
+/* The driver alone, per iteration on an H200 (bench/RESULTS.md, DESIGN.md):
+ * device 4 KiB 75-90 us; pinned 4 KiB 900 us, 64 MiB 31 ms (light) and
+ * 41-45 ms (full); registered 4 KiB 100 us, 64 MiB 3-5 ms; managed 4 KiB
+ * 75 us, 64 MiB 0.1 ms (light) and 10 ms (full). */
+#define C_DEV "cuMemAlloc / cuMemFree"
+#define C_HOST "cuMemAllocHost / cuMemFreeHost"
+#define C_REG "cuMemHostRegister / cuMemHostUnregister"
+#define C_MAN "cuMemAllocManaged / cuMemFree"
 static const struct loop_row loop_rows[] = {
-    {"dev4k", "device 4 KiB: cuMemAlloc / cuMemFree", L_DEVICE, 4 * KIB, 8000, 20},
-    {"host4k", "pinned host 4 KiB: cuMemAllocHost / cuMemFreeHost", L_HOST, 4 * KIB, 800, 20},
-    {"host64m", "pinned host 64 MiB: cuMemAllocHost / cuMemFreeHost", L_HOST, 64 * MIB, 20, 6},
-    {"reg4k", "registered 4 KiB: cuMemHostRegister / cuMemHostUnregister", L_REGISTERED,
-     4 * KIB, 6000, 20},
-    {"reg64m", "registered 64 MiB: cuMemHostRegister / cuMemHostUnregister", L_REGISTERED,
-     64 * MIB, 120, 6},
-    {"man4k", "managed 4 KiB: cuMemAllocManaged / cuMemFree", L_MANAGED, 4 * KIB, 6000, 20},
-    {"man64m", "managed 64 MiB: cuMemAllocManaged / cuMemFree", L_MANAGED, 64 * MIB, 50, 6},
+    {"dev4k", "device 4 KiB", L_DEVICE, 4 * KIB, C_DEV, {2000, 2000}, 20},
+    {"dev64m", "device 64 MiB", L_DEVICE, 64 * MIB, C_DEV, {200, 200}, 6},
+    {"host4k", "pinned host 4 KiB", L_HOST, 4 * KIB, C_HOST, {200, 200}, 20},
+    {"host64m", "pinned host 64 MiB", L_HOST, 64 * MIB, C_HOST, {10, 6}, 4},
+    {"reg4k", "registered 4 KiB", L_REGISTERED, 4 * KIB, C_REG, {1000, 1000}, 20},
+    {"reg64m", "registered 64 MiB", L_REGISTERED, 64 * MIB, C_REG, {30, 20}, 4},
+    {"man4k", "managed 4 KiB", L_MANAGED, 4 * KIB, C_MAN, {1500, 1500}, 20},
+    {"man64m", "managed 64 MiB", L_MANAGED, 64 * MIB, C_MAN, {100, 16}, 4},
 };
 #define N_LOOP_ROWS (sizeof loop_rows / sizeof loop_rows[0])
 #define TOUCH_WORDS 16ull
@@ -330,39 +415,192 @@ static const struct loop_row *find_row(const char *id)
     return NULL;
 }
 
-static int row_iters(const struct loop_row *r)
+static int row_iters(const struct loop_row *r, enum touch t)
 {
-    return opt.smoke ? r->smoke_iters : r->iters;
+    return opt.smoke ? r->smoke_iters : r->iters[t];
 }
 
-/* One iteration: allocate, touch, release. `reg` is the row's buffer for
- * registrations. */
-static void loop_once(const struct loop_row *r, CUstream s, void *reg)
+static bool row_has_pool(const struct loop_row *r)
+{
+    return r->kind != L_REGISTERED;
+}
+
+static unsigned long long light_words(const struct loop_row *r)
+{
+    return r->bytes / 4 < TOUCH_WORDS ? r->bytes / 4 : TOUCH_WORDS;
+}
+
+/* The row's use of a block: the light or the full touch. */
+static CUresult k_use(const struct loop_row *r, enum touch t, CUstream s, CUdeviceptr d)
+{
+    return t == T_FULL ? k_fill(s, d, r->bytes) : k_touch(s, d, light_words(r));
+}
+
+/* A note as one token of an "R" line: spaces become '~' (note_untoken
+ * turns them back), '=' and control characters '_'. */
+static void note_token(char *dst, size_t n, const char *src)
+{
+    size_t i = 0;
+    for (; src[i] && i + 1 < n; i++)
+        dst[i] = src[i] == ' ' ? '~' : (src[i] == '=' || src[i] < 0x20) ? '_' : src[i];
+    dst[i] = 0;
+}
+
+static void note_untoken(char *s)
+{
+    for (; *s; s++)
+        if (*s == '~')
+            *s = ' ';
+}
+
+/* The pool child's pool. */
+struct loop_pool {
+    CUmemoryPool pool;
+    bool is_default; /* the device's default pool: cuMemAllocAsync */
+    bool owned;      /* made here: cuMemPoolDestroy at the end */
+    char note[160];  /* how it was made, or why there is none */
+};
+
+typedef CUresult (*pool_access_fn)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+typedef CUresult (*default_pool_fn)(CUmemoryPool *, CUmemLocation *, CUmemAllocationType);
+
+/* Makes r's pool; false (and why in p->note) when there is none. */
+static bool loop_pool_open(const struct loop_row *r, struct loop_pool *p)
+{
+    CUresult rc;
+    CUmemPoolProps props;
+    memset(p, 0, sizeof *p);
+    memset(&props, 0, sizeof props);
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    switch (r->kind) {
+    case L_DEVICE:
+        rc = cuDeviceGetDefaultMemPool(&p->pool, gpu.dev);
+        if (rc != CUDA_SUCCESS) {
+            snprintf(p->note, sizeof p->note, "cuDeviceGetDefaultMemPool: %s", gc_rc(rc));
+            return false;
+        }
+        p->is_default = true;
+        snprintf(p->note, sizeof p->note, "the device's default pool, cuMemAllocAsync");
+        break;
+    case L_HOST:
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+        props.location.id = 0;
+        rc = cuMemPoolCreate(&p->pool, &props);
+        if (rc != CUDA_SUCCESS) {
+            snprintf(p->note, sizeof p->note,
+                     "cuMemPoolCreate(PINNED, location HOST): %s", gc_rc(rc));
+            return false;
+        }
+        p->owned = true;
+        pool_access_fn set_access;
+        *(void **)&set_access = driver_proc("cuMemPoolSetAccess");
+        if (set_access) {
+            CUmemAccessDesc desc;
+            memset(&desc, 0, sizeof desc);
+            desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            desc.location.id = (int)gpu.dev;
+            desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            rc = set_access(p->pool, &desc, 1);
+            if (rc != CUDA_SUCCESS) {
+                snprintf(p->note, sizeof p->note, "cuMemPoolSetAccess(device 0, READWRITE): %s",
+                         gc_rc(rc));
+                cuMemPoolDestroy(p->pool);
+                return false;
+            }
+            snprintf(p->note, sizeof p->note,
+                     "cuMemPoolCreate(PINNED, location HOST), cuMemPoolSetAccess(device 0)");
+        } else {
+            snprintf(p->note, sizeof p->note,
+                     "cuMemPoolCreate(PINNED, location HOST); the driver has no "
+                     "cuMemPoolSetAccess");
+        }
+        break;
+    case L_MANAGED:
+        props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = (int)gpu.dev;
+        rc = cuMemPoolCreate(&p->pool, &props);
+        if (rc == CUDA_SUCCESS) {
+            p->owned = true;
+            snprintf(p->note, sizeof p->note, "cuMemPoolCreate(MANAGED, location device 0)");
+            break;
+        }
+        /* The managed default pool of the device (13.0), where a pool of
+         * one's own cannot be made. */
+        default_pool_fn get_default;
+        *(void **)&get_default = driver_proc("cuMemGetDefaultMemPool");
+        CUresult rc2 = get_default ? get_default(&p->pool, &props.location,
+                                                 CU_MEM_ALLOCATION_TYPE_MANAGED)
+                                   : CUDA_ERROR_NOT_FOUND;
+        if (rc2 != CUDA_SUCCESS) {
+            snprintf(p->note, sizeof p->note,
+                     "cuMemPoolCreate(MANAGED, location device 0): %s; "
+                     "cuMemGetDefaultMemPool(device 0, MANAGED): %s",
+                     gc_rc(rc), get_default ? gc_rc(rc2) : "not in this driver");
+            return false;
+        }
+        snprintf(p->note, sizeof p->note,
+                 "cuMemGetDefaultMemPool(device 0, MANAGED) (cuMemPoolCreate: %s)", gc_rc(rc));
+        break;
+    case L_REGISTERED:
+        snprintf(p->note, sizeof p->note, "registrations have no pool");
+        return false;
+    }
+    cuuint64_t max = UINT64_MAX;
+    rc = cuMemPoolSetAttribute(p->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max);
+    if (rc != CUDA_SUCCESS) {
+        size_t used = strlen(p->note);
+        snprintf(p->note + used, sizeof p->note - used, "; release threshold not set: %s",
+                 gc_rc(rc));
+    }
+    return true;
+}
+
+/* A pool attribute of 64 bits, -1 when the driver will not say. */
+static long long pool_attr(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+    cuuint64_t v = 0;
+    return cuMemPoolGetAttribute(pool, attr, &v) == CUDA_SUCCESS ? (long long)v : -1;
+}
+
+/* One iteration: allocate, use, release. `reg` is the row's buffer for
+ * registrations; `pool` is set in the pool child. */
+static void loop_once(const struct loop_row *r, enum touch t, CUstream s, void *reg,
+                      const struct loop_pool *pool)
 {
     CUdeviceptr d;
     void *h;
-    unsigned long long words = r->bytes / 4 < TOUCH_WORDS ? r->bytes / 4 : TOUCH_WORDS;
+    if (pool) {
+        if (pool->is_default)
+            GC_CHECK(cuMemAllocAsync(&d, r->bytes, s));
+        else
+            GC_CHECK(cuMemAllocFromPoolAsync(&d, r->bytes, pool->pool, s));
+        GC_CHECK(k_use(r, t, s, d));
+        GC_CHECK(cuMemFreeAsync(d, s));
+        return;
+    }
     switch (r->kind) {
     case L_DEVICE:
         GC_CHECK(cuMemAlloc(&d, r->bytes));
-        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(k_use(r, t, s, d));
         GC_CHECK(cuMemFree(d));
         break;
     case L_HOST:
         GC_CHECK(cuMemAllocHost(&h, r->bytes));
         GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
-        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(k_use(r, t, s, d));
         GC_CHECK(cuMemFreeHost(h));
         break;
     case L_REGISTERED:
         GC_CHECK(cuMemHostRegister(reg, r->bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
         GC_CHECK(cuMemHostGetDevicePointer(&d, reg, 0));
-        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(k_use(r, t, s, d));
         GC_CHECK(cuMemHostUnregister(reg));
         break;
     case L_MANAGED:
         GC_CHECK(cuMemAllocManaged(&d, r->bytes, CU_MEM_ATTACH_GLOBAL));
-        GC_CHECK(k_touch(s, d, words));
+        GC_CHECK(k_use(r, t, s, d));
         GC_CHECK(cuMemFree(d));
         break;
     }
@@ -375,31 +613,64 @@ static size_t mem_used(void)
     return total_b - free_b;
 }
 
-static void child_loop(const char *id)
+/* spec: "<row>:<touch>" */
+static void child_loop(const char *spec)
 {
+    char id[32];
+    const char *colon = strchr(spec, ':');
+    if (!colon || (size_t)(colon - spec) >= sizeof id)
+        gc_die("bad loop section %s", spec);
+    memcpy(id, spec, (size_t)(colon - spec));
+    id[colon - spec] = 0;
     const struct loop_row *r = find_row(id);
     if (!r)
         gc_die("no loop row %s", id);
-    int iters = row_iters(r);
+    enum touch t;
+    if (strcmp(colon + 1, "light") == 0)
+        t = T_LIGHT;
+    else if (strcmp(colon + 1, "full") == 0)
+        t = T_FULL;
+    else
+        gc_die("no touch %s", colon + 1);
+
+    struct loop_pool pool_state, *pool = NULL;
+    if (strcmp(opt.mode, "pool") == 0) {
+        if (!loop_pool_open(r, &pool_state)) {
+            char note[200];
+            note_token(note, sizeof note, pool_state.note);
+            printf("R loop_na row=%s touch=%s why=%s\n", r->id, touch_names[t], note);
+            return;
+        }
+        pool = &pool_state;
+    }
+
+    int iters = row_iters(r, t);
     int every = iters / MEM_SAMPLES > 0 ? iters / MEM_SAMPLES : 1;
     void *reg = r->kind == L_REGISTERED ? gc_xpages(r->bytes) : NULL;
     CUstream s;
     GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
-    /* Warm-up: a twentieth of a run. */
+    /* Warm-up: a twentieth of a run, at least two iterations. */
     int warm = iters / 20 > 2 ? iters / 20 : 2;
     for (int i = 0; i < warm; i++)
-        loop_once(r, s, reg);
+        loop_once(r, t, s, reg, pool);
     gpu_settle();
 
-    printf("R loop_setup row=%s iters=%d bytes=%zu touch_words=%llu mem_every=%d warm=%d\n", r->id,
-           iters, r->bytes, r->bytes / 4 < TOUCH_WORDS ? r->bytes / 4 : TOUCH_WORDS, every, warm);
+    printf("R loop_setup row=%s touch=%s iters=%d bytes=%zu touch_bytes=%llu mem_every=%d "
+           "warm=%d\n",
+           r->id, touch_names[t], iters, r->bytes,
+           t == T_FULL ? (unsigned long long)r->bytes : light_words(r) * 4, every, warm);
+    if (pool) {
+        char note[200];
+        note_token(note, sizeof note, pool->note);
+        printf("R loop_pool_setup row=%s touch=%s how=%s\n", r->id, touch_names[t], note);
+    }
     for (int run = 1; run <= opt.runs; run++) {
         gpu_settle();
         size_t base = mem_used(), peak = base;
         double t0 = gc_now_ms();
         for (int i = 0; i < iters; i++) {
-            loop_once(r, s, reg);
+            loop_once(r, t, s, reg, pool);
             if ((i + 1) % every == 0) {
                 size_t u = mem_used();
                 if (u > peak)
@@ -412,12 +683,21 @@ static void child_loop(const char *id)
         size_t u = mem_used();
         if (u > peak)
             peak = u;
-        printf("R loop row=%s run=%d iters=%d us_per_iter=%.3f sync_ms=%.3f peak_dev_bytes=%zu\n",
-               r->id, run, iters, (t2 - t0) * 1e3 / iters, t2 - t1, peak - base);
+        printf("R loop row=%s touch=%s run=%d iters=%d us_per_iter=%.3f sync_ms=%.3f "
+               "peak_dev_bytes=%zu\n",
+               r->id, touch_names[t], run, iters, (t2 - t0) * 1e3 / iters, t2 - t1,
+               peak > base ? peak - base : 0);
         fflush(stdout);
     }
 
     gpu_settle();
+    if (pool) {
+        printf("R loop_pool row=%s touch=%s used_high=%lld reserved_high=%lld\n", r->id,
+               touch_names[t], pool_attr(pool->pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+               pool_attr(pool->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
+        if (pool->owned)
+            GC_CHECK(cuMemPoolDestroy(pool->pool));
+    }
     GC_CHECK(cuStreamDestroy(s));
     free(reg);
 }
@@ -427,6 +707,8 @@ static void child_loop(const char *id)
 /* ------------------------------------------------------------------------ */
 
 typedef CUresult (*get_current_fn)(CUcontext *);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
 
 /* 1 when the pointer is inside the driver, not inside cudefer. */
 static int driver_own(void *fn)
@@ -441,7 +723,7 @@ static int driver_own(void *fn)
 
 static double time_get_current(get_current_fn fn, long n)
 {
-    CUcontext c;
+    CUcontext c = NULL;
     double t0 = gc_now_ms();
     for (long i = 0; i < n; i++)
         if (fn(&c) != CUDA_SUCCESS)
@@ -452,27 +734,57 @@ static double time_get_current(get_current_fn fn, long n)
     return (t1 - t0) * 1e6 / (double)n;
 }
 
+/* ns per launch of cudefer_touch with nothing to write (an empty kernel),
+ * timed in batches of 500 with the stream synchronised between batches
+ * (not timed), so that the launch queue never fills. */
+static double time_launch(launch_fn fn, CUstream s, long n)
+{
+    CUdeviceptr buf = 0;
+    unsigned long long words = 0;
+    void *args[] = {&buf, &words};
+    double total = 0;
+    for (long done = 0; done < n;) {
+        long batch = n - done < 500 ? n - done : 500;
+        double t0 = gc_now_ms();
+        for (long i = 0; i < batch; i++) {
+            CUresult rc = fn(gpu.touch, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+            if (rc != CUDA_SUCCESS)
+                gc_fail("cuLaunchKernel (cost)", rc, __FILE__, __LINE__);
+        }
+        total += gc_now_ms() - t0;
+        GC_CHECK(cuStreamSynchronize(s));
+        done += batch;
+    }
+    return total * 1e6 / (double)n;
+}
+
 static void child_cost(void)
 {
     int n_dev = opt.smoke ? 50 : 2000;
     int n_host = opt.smoke ? 10 : 200;
     long n_calls = opt.smoke ? 10000 : 1000000;
     long n_free0 = opt.smoke ? 1000 : 200000;
+    long n_launch = opt.smoke ? 1000 : 20000;
 
     CUdeviceptr *d = calloc((size_t)n_dev, sizeof *d);
     void **h = calloc((size_t)n_host, sizeof *h);
     if (!d || !h)
         gc_die("out of host memory");
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
-    /* The unwrapped call, three ways. */
+    /* The unwrapped call, three ways; the wrapped launch, two ways. */
     get_current_fn direct = cuCtxGetCurrent, procaddr = NULL, viadlsym = NULL;
-    void *p = NULL;
-    CUdriverProcAddressQueryResult status;
-    GC_CHECK(cuGetProcAddress("cuCtxGetCurrent", &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
-                              &status));
-    if (status != CU_GET_PROC_ADDRESS_SUCCESS || !p)
-        gc_die("cuGetProcAddress(cuCtxGetCurrent): status %d", (int)status);
+    launch_fn launch_direct = cuLaunchKernel, launch_procaddr = NULL;
+    void *p = driver_proc("cuCtxGetCurrent");
+    if (!p)
+        gc_die("cuGetProcAddress(cuCtxGetCurrent) found nothing");
     memcpy(&procaddr, &p, sizeof p);
+    void *procaddr_p = p;
+    void *lp = driver_proc("cuLaunchKernel");
+    if (!lp)
+        gc_die("cuGetProcAddress(cuLaunchKernel) found nothing");
+    memcpy(&launch_procaddr, &lp, sizeof lp);
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (!lib)
         gc_die("dlopen(libcuda.so.1, RTLD_NOLOAD): %s", dlerror());
@@ -480,12 +792,14 @@ static void child_cost(void)
     if (!p)
         gc_die("dlsym(libcuda.so.1, cuCtxGetCurrent): %s", dlerror());
     memcpy(&viadlsym, &p, sizeof p);
-    void *procaddr_p;
-    memcpy(&procaddr_p, &procaddr, sizeof procaddr_p);
-    printf("R cost_setup n_dev=%d n_host=%d n_calls=%ld n_free0=%ld\n", n_dev, n_host, n_calls,
-           n_free0);
-    printf("R cost_ptrs procaddr_driver_own=%d dlsym_driver_own=%d same=%d\n",
-           driver_own(procaddr_p), driver_own(p), procaddr_p == p);
+    void *launch_direct_p;
+    memcpy(&launch_direct_p, &launch_direct, sizeof launch_direct_p);
+    printf("R cost_setup n_dev=%d n_host=%d n_calls=%ld n_free0=%ld n_launch=%ld\n", n_dev,
+           n_host, n_calls, n_free0, n_launch);
+    printf("R cost_ptrs procaddr_driver_own=%d dlsym_driver_own=%d same=%d "
+           "launch_linked_driver_own=%d launch_procaddr_driver_own=%d\n",
+           driver_own(procaddr_p), driver_own(p), procaddr_p == p, driver_own(launch_direct_p),
+           driver_own(lp));
 
     /* Warm-up. */
     for (int i = 0; i < 4; i++) {
@@ -499,6 +813,8 @@ static void child_cost(void)
     time_get_current(direct, n_calls / 10);
     time_get_current(procaddr, n_calls / 10);
     time_get_current(viadlsym, n_calls / 10);
+    time_launch(launch_direct, s, n_launch / 10);
+    time_launch(launch_procaddr, s, n_launch / 10);
 
     for (int run = 1; run <= opt.runs; run++) {
         gpu_settle();
@@ -533,25 +849,145 @@ static void child_cost(void)
             GC_CHECK(cuMemFree(0));
         double t9 = gc_now_ms();
 
-        printf("R cost run=%d alloc_us=%.4f free_us=%.4f allochost_us=%.4f freehost_us=%.4f "
+        double ns_launch = time_launch(launch_direct, s, n_launch);
+        double ns_launch_pa = time_launch(launch_procaddr, s, n_launch);
+
+        printf("R cost run=%d alloc_ns=%.1f free_ns=%.1f allochost_ns=%.1f freehost_ns=%.1f "
                "getcurrent_direct_ns=%.3f getcurrent_procaddr_ns=%.3f getcurrent_dlsym_ns=%.3f "
-               "free0_ns=%.3f\n",
-               run, (t1 - t0) * 1e3 / n_dev, (t3 - t2) * 1e3 / n_dev, (t5 - t4) * 1e3 / n_host,
-               (t7 - t6) * 1e3 / n_host, ns_direct, ns_procaddr, ns_dlsym,
-               (t9 - t8) * 1e6 / (double)n_free0);
+               "free0_ns=%.3f launch_direct_ns=%.1f launch_procaddr_ns=%.1f\n",
+               run, (t1 - t0) * 1e6 / n_dev, (t3 - t2) * 1e6 / n_dev, (t5 - t4) * 1e6 / n_host,
+               (t7 - t6) * 1e6 / n_host, ns_direct, ns_procaddr, ns_dlsym,
+               (t9 - t8) * 1e6 / (double)n_free0, ns_launch, ns_launch_pa);
         fflush(stdout);
     }
     gpu_settle();
+    GC_CHECK(cuStreamDestroy(s));
     dlclose(lib);
     free(d);
     free(h);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Child section: live                                                      */
+/* ------------------------------------------------------------------------ */
+
+#define LIVE_BYTES 256
+
+/* Grows the set of live blocks level by level; at each level times pairs
+ * of cuMemAlloc / cuMemFree of one more block. Ends the process itself
+ * (_exit), leaving the live blocks to the driver's clean-up of a process:
+ * releasing ten million blocks one by one would take longer than making
+ * them. */
+static void child_live(void)
+{
+    static const long gpu_levels[] = {1000, 100000, 1000000, 3000000, 10000000};
+    static const long smoke_levels[] = {1000, 10000};
+    const long *levels = opt.smoke ? smoke_levels : gpu_levels;
+    size_t n_levels = opt.smoke ? sizeof smoke_levels / sizeof smoke_levels[0]
+                                : sizeof gpu_levels / sizeof gpu_levels[0];
+    long pairs = opt.smoke ? 200 : 20000;
+    double budget_ms = live_budget() * 1e3;
+
+    long cap = 0, n = 0;
+    CUdeviceptr *blocks = NULL;
+    double grow_ms = 0;      /* time spent allocating live blocks */
+    double rate_ms = 0;      /* ms per allocation in the last level's growth */
+    size_t free_b = 0, total_b = 0;
+
+    /* Warm-up: pairs with nothing live. */
+    for (long i = 0; i < pairs / 10 + 2; i++) {
+        CUdeviceptr d;
+        GC_CHECK(cuMemAlloc(&d, LIVE_BYTES));
+        GC_CHECK(cuMemFree(d));
+    }
+    gpu_settle();
+    printf("R live_setup bytes=%d pairs=%ld budget_s=%.1f max=%ld\n", LIVE_BYTES, pairs,
+           budget_ms / 1e3, opt.live_max);
+
+    for (size_t li = 0; li < n_levels; li++) {
+        long level = levels[li];
+        if (opt.live_max > 0 && level > opt.live_max) {
+            printf("R live_stop level=%ld why=above_the_other_child's_largest\n", level);
+            break;
+        }
+        double predicted = (double)(level - n) * (rate_ms > 0 ? rate_ms : 0.005);
+        if (grow_ms + predicted > budget_ms) {
+            printf("R live_stop level=%ld why=time predicted_s=%.1f spent_s=%.1f\n", level,
+                   predicted / 1e3, grow_ms / 1e3);
+            break;
+        }
+        GC_CHECK(cuMemGetInfo(&free_b, &total_b));
+        if (free_b < total_b / 4) {
+            printf("R live_stop level=%ld why=memory free_bytes=%zu total_bytes=%zu\n", level,
+                   free_b, total_b);
+            break;
+        }
+        if (level > cap) {
+            blocks = realloc(blocks, (size_t)level * sizeof *blocks);
+            if (!blocks)
+                gc_die("out of host memory for %ld block pointers", level);
+            cap = level;
+        }
+        long from = n;
+        bool oom = false, late = false;
+        double t0 = gc_now_ms();
+        for (; n < level; n++) {
+            CUresult rc = cuMemAlloc(&blocks[n], LIVE_BYTES);
+            if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                oom = true;
+                break;
+            }
+            if (rc != CUDA_SUCCESS)
+                gc_fail("cuMemAlloc (live block)", rc, __FILE__, __LINE__);
+            /* Allocation slower than the prediction: give up the level at
+             * one and a half times the budget. */
+            if ((n & 0xffff) == 0 && grow_ms + gc_now_ms() - t0 > 1.5 * budget_ms) {
+                late = true;
+                n++;
+                break;
+            }
+        }
+        double t1 = gc_now_ms();
+        grow_ms += t1 - t0;
+        if (n > from)
+            rate_ms = (t1 - t0) / (double)(n - from);
+        if (oom || late) {
+            printf("R live_stop level=%ld why=%s live=%ld\n", level,
+                   oom ? "out_of_memory" : "time_(slower_than_predicted)", n);
+            break;
+        }
+        printf("R live_grow level=%ld ns_per_alloc=%.1f grow_s=%.2f\n", level, rate_ms * 1e6,
+               grow_ms / 1e3);
+        gpu_settle();
+        for (int run = 1; run <= opt.runs; run++) {
+            CUdeviceptr d;
+            double p0 = gc_now_ms();
+            for (long i = 0; i < pairs; i++) {
+                GC_CHECK(cuMemAlloc(&d, LIVE_BYTES));
+                GC_CHECK(cuMemFree(d));
+            }
+            double p1 = gc_now_ms();
+            printf("R live level=%ld run=%d ns_per_pair=%.1f\n", level, run,
+                   (p1 - p0) * 1e6 / (double)pairs);
+            fflush(stdout);
+        }
+    }
+    GC_CHECK(cuCtxSynchronize());
+    if (gpu.faults && gpu.faults() != 0)
+        gc_die("the test driver saw %llu use(s) of freed memory", (unsigned long long)gpu.faults());
+    printf("R live_end live=%ld\n", n);
+    printf("R done section=live\n");
+    fflush(stdout);
+    fflush(stderr);
+    _exit(0);
+}
+
 static int child_main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!opt.mode || (strcmp(opt.mode, "none") != 0 && strcmp(opt.mode, "cudefer") != 0))
-        gc_die("--mode none|cudefer is required with --child");
+    if (!opt.mode || (strcmp(opt.mode, "none") != 0 && strcmp(opt.mode, "cudefer") != 0 &&
+                      strcmp(opt.mode, "pool") != 0))
+        gc_die("--mode none|cudefer|pool is required with --child");
     gpu_open();
     if (strcmp(opt.child, "stall") == 0)
         child_stall();
@@ -559,6 +995,8 @@ static int child_main(void)
         child_loop(opt.child + 5);
     else if (strcmp(opt.child, "cost") == 0)
         child_cost();
+    else if (strcmp(opt.child, "live") == 0)
+        child_live();
     else
         gc_die("unknown child section %s", opt.child);
     gpu_close();
@@ -570,8 +1008,12 @@ static int child_main(void)
 /* Parent: runs the children, prints the tables                            */
 /* ======================================================================== */
 
-enum { MODE_NONE, MODE_CUDEFER, N_MODES };
-static const char *const mode_names[N_MODES] = {"none", "cudefer"};
+/* The children: the driver alone, with cudefer, and (loops only) the
+ * driver's stream-ordered pool without cudefer. The stall, cost and live
+ * sections run the first two (N_PAIR). */
+enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, N_MODES };
+#define N_PAIR 2
+static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool"};
 
 struct job {
     char section[64]; /* the --child argument */
@@ -581,9 +1023,13 @@ struct job {
     bool ok;
     char why[256];    /* when not ok */
     char *report;     /* cudefer's JSON report, NULL if none */
+    bool ran;         /* run_job was called */
+    long live_max;    /* live: --live-max for the child (0: none) */
+    double live_budget_s;
 };
 
 static char self_exe[PATH_MAX];
+static double parent_start_ms; /* when the parent started its first child */
 static char shim_path[PATH_MAX];
 static FILE *log_file;
 static bool any_failure;
@@ -673,8 +1119,8 @@ static char *read_file(const char *path)
 /* The child's argument vector. */
 static char **child_argv(const struct job *j)
 {
-    static char runs[16];
-    static char *argv[16];
+    static char runs[16], live_max[32], live_budget_s[32];
+    static char *argv[24];
     int a = 0;
     snprintf(runs, sizeof runs, "%d", opt.runs);
     argv[a++] = self_exe;
@@ -688,6 +1134,16 @@ static char **child_argv(const struct job *j)
         argv[a++] = "--quick";
     if (opt.smoke)
         argv[a++] = "--smoke";
+    if (j->live_max > 0) {
+        snprintf(live_max, sizeof live_max, "%ld", j->live_max);
+        argv[a++] = "--live-max";
+        argv[a++] = live_max;
+    }
+    if (j->live_budget_s > 0) {
+        snprintf(live_budget_s, sizeof live_budget_s, "%.1f", j->live_budget_s);
+        argv[a++] = "--live-budget";
+        argv[a++] = live_budget_s;
+    }
     argv[a] = NULL;
     return argv;
 }
@@ -696,11 +1152,31 @@ static double job_timeout_s(const struct job *j)
 {
     if (strcmp(j->section, "stall") == 0)
         return (double)N_RELEASE_CASES * (opt.runs + 1) * (stall_kernel_ms() + 500.0) / 1e3 + 60;
+    if (strcmp(j->section, "live") == 0)
+        return 2.5 * (j->live_budget_s > 0 ? j->live_budget_s : live_budget()) + 120;
     return 120 + 20.0 * opt.runs;
+}
+
+/* When --budget was given: the ms left of it (at least 0), else -1. */
+static double budget_left_ms(void)
+{
+    if (opt.budget_s <= 0)
+        return -1;
+    double left = opt.budget_s * 1e3 - (gc_now_ms() - parent_start_ms);
+    return left > 0 ? left : 0;
 }
 
 static void run_job(struct job *j)
 {
+    j->ran = true;
+    double left = budget_left_ms();
+    if (left >= 0 && left < 1000) {
+        snprintf(j->why, sizeof j->why, "not run: the --budget of %.0f s was spent", opt.budget_s);
+        j->ok = false;
+        any_failure = true;
+        fprintf(stderr, "cudefer-loops: %-8s %-20s %s\n", mode_names[j->mode], j->section, j->why);
+        return;
+    }
     char report[] = "/tmp/cudefer-loops-report-XXXXXX";
     int rfd = -1;
     if (j->mode == MODE_CUDEFER) {
@@ -749,6 +1225,8 @@ static void run_job(struct job *j)
     free(preload);
 
     double limit_ms = job_timeout_s(j) * 1e3;
+    if (left >= 0 && limit_ms > left)
+        limit_ms = left;
     bool timed_out = false;
     size_t cap = 1 << 16, n = 0;
     char *buf = xrealloc(NULL, cap);
@@ -822,7 +1300,7 @@ static void run_job(struct job *j)
                 j->ok ? "ok" : j->why, secs);
         fflush(log_file);
     }
-    fprintf(stderr, "cudefer-loops: %-8s %-14s %s (%.1f s)\n", mode_names[j->mode], j->section,
+    fprintf(stderr, "cudefer-loops: %-8s %-20s %s (%.1f s)\n", mode_names[j->mode], j->section,
             j->ok ? "ok" : j->why, secs);
 }
 
@@ -1004,11 +1482,8 @@ static double report_object(const char *report, const char *key, char *list, siz
 
 static const char *mode_status(const struct job *j)
 {
-    return j->ok ? "" : " **FAILED**";
+    return j->ok || !j->ran ? "" : " **FAILED**";
 }
-
-/* ---- the tables --------------------------------------------------------- */
-
 static void print_info(const struct job *j)
 {
     char sim[8] = "?", dev[256] = "?", drv[16] = "?", ver[32] = "?";
@@ -1027,6 +1502,7 @@ static void print_info(const struct job *j)
                                  : dev,
            v / 1000, v % 1000 / 10, strcmp(ver, "-") == 0 ? "not loaded" : ver, mode_status(j));
 }
+
 
 static void print_stall(struct job *jobs)
 {
@@ -1050,7 +1526,7 @@ static void print_stall(struct job *jobs)
         struct series rc = collect(cd, "stall", "case", id, "release_ms");
         struct series ln = collect(none, "stall", "case", id, "launch_ms");
         struct series lc = collect(cd, "stall", "case", id, "launch_ms");
-        for (int m = 0; m < N_MODES; m++) {
+        for (int m = 0; m < N_PAIR; m++) {
             struct series run = collect(&jobs[m], "stall", "case", id, "running");
             for (int k = 0; k < run.n; k++)
                 not_running += run.v[k] == 0;
@@ -1072,116 +1548,413 @@ static void print_stall(struct job *jobs)
     if (not_running)
         printf("\nWARNING: in %d measurement(s) the long kernel had already finished before the "
                "release (see the log).\n", not_running);
-    for (int m = 0; m < N_MODES; m++)
+    for (int m = 0; m < N_PAIR; m++)
         if (!jobs[m].ok)
             printf("\n%s child FAILED: %s\n", mode_names[m], jobs[m].why);
 }
 
-static void print_loops(struct job (*jobs)[N_MODES])
+/* ---- goals -------------------------------------------------------------- */
+
+struct goal {
+    char what[240];
+    char measured[240];
+    char verdict[40];
+};
+static struct goal goals[64];
+static int n_goals;
+static bool simulated; /* a child ran over the test driver: no verdict means anything */
+
+static void add_goal(const char *verdict, const char *measured, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void add_goal(const char *verdict, const char *measured, const char *fmt, ...)
 {
-    printf("\n### Loops: allocate, touch with a kernel, release, no synchronisation inside\n\n");
-    printf("µs per iteration, median of %d runs (min–max), cuCtxSynchronize after the loop "
-           "included. Touch: cudefer_touch of %llu words on a non-blocking stream; pinned host "
-           "memory from cuMemAllocHost, touched through cuMemHostGetDevicePointer; registered: "
-           "one page-aligned malloc'd buffer per row, cuMemHostRegister(DEVICEMAP) each "
-           "iteration. Speedup: without / with cudefer. Peak deferred: cudefer's "
-           "peak_deferred_bytes over the child (warm-up and all runs). Peak device memory: "
-           "cuMemGetInfo (total - free) sampled %d times a run, minus the level before the loop "
-           "(largest over the runs). Reused and flushes: cudefer's counters over the child; the "
-           "flushes include the benchmark's own (a cuCtxSynchronize after each run, "
-           "cudefer_flush before each).\n\n",
-           opt.runs, TOUCH_WORDS, MEM_SAMPLES);
-    printf("| loop | iterations | no cudefer | cudefer | speedup | peak deferred | "
-           "peak device mem, no cudefer | peak device mem, cudefer | cudefer reused | "
-           "cudefer flushes |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    if (n_goals == (int)(sizeof goals / sizeof goals[0]))
+        return;
+    struct goal *g = &goals[n_goals++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->what, sizeof g->what, fmt, ap);
+    va_end(ap);
+    snprintf(g->measured, sizeof g->measured, "%s", measured);
+    snprintf(g->verdict, sizeof g->verdict, "%s", simulated ? "– (test driver)" : verdict);
+}
+
+static void print_goals(void)
+{
+    if (n_goals == 0)
+        return;
+    printf("\n### Goals (cudefer-loops)\n\n| goal | measured | verdict |\n|---|---|---|\n");
+    for (int i = 0; i < n_goals; i++)
+        printf("| %s | %s | %s |\n", goals[i].what, goals[i].measured, goals[i].verdict);
+    if (!opt.goals)
+        return;
+    FILE *f = fopen(opt.goals, "w");
+    if (!f) {
+        fprintf(stderr, "cudefer-loops: cannot write %s: %s\n", opt.goals, strerror(errno));
+        any_failure = true;
+        return;
+    }
+    for (int i = 0; i < n_goals; i++)
+        fprintf(f, "%s\t%s\t%s\n", goals[i].what, goals[i].measured, goals[i].verdict);
+    fclose(f);
+}
+
+static double median_of(struct series s)
+{
+    double med, lo, hi;
+    return stats(s, &med, &lo, &hi) ? med : -1;
+}
+
+/* The first line tagged tag in j, or NULL. */
+static const char *first_line(const struct job *j, const char *tag)
+{
+    for (size_t i = 0; i < j->n_lines; i++)
+        if (line_is(j->lines[i], tag))
+            return j->lines[i];
+    return NULL;
+}
+
+/* ---- loops -------------------------------------------------------------- */
+
+/* The goal of a row: cudefer at most `limit` times the pool (or, for
+ * registrations, the driver). */
+static double row_goal(const struct loop_row *r)
+{
+    if (!row_has_pool(r))
+        return 1.0;
+    return r->bytes <= 4 * KIB ? 1.2 : 1.5;
+}
+
+/* cudefer's memory held at the peak: peak_deferred_bytes +
+ * peak_cached_device_bytes of its report, -1 without a report. */
+static double cudefer_held(const struct job *cd)
+{
+    double deferred = report_number(cd->report, "peak_deferred_bytes");
+    double cached = report_number(cd->report, "peak_cached_device_bytes");
+    if (deferred < 0)
+        return -1;
+    return deferred + (cached > 0 ? cached : 0);
+}
+
+static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
+{
+    printf("\n### Loops, %s touch: allocate, touch with a kernel, release, no synchronisation "
+           "inside\n\n",
+           touch_names[t]);
+    if (t == T_LIGHT)
+        printf("Touch: cudefer_touch of %llu words (one thread) on a non-blocking stream. ",
+               TOUCH_WORDS);
+    else
+        printf("Touch: cudefer_fill of every word of the block (one thread per word, up to "
+               "1,056 blocks of 256 threads, grid-stride beyond) on a non-blocking stream. ");
+    printf("µs per iteration, median of %d runs (min–max), the cuCtxSynchronize after the loop "
+           "included. \"driver\": the plain calls without cudefer; \"cudefer\": the same "
+           "program with cudefer; \"pool\": the driver's stream-ordered pool without cudefer "
+           "(cuMemAllocAsync / cuMemAllocFromPoolAsync and cuMemFreeAsync on the loop's "
+           "stream, release threshold at the maximum). \"held\": memory kept at the peak over "
+           "the child (warm-up and all runs) — the driver holds 0 after each free; cudefer: "
+           "peak_deferred_bytes + peak_cached_device_bytes of its report; pool: "
+           "CU_MEMPOOL_ATTR_USED_MEM_HIGH / RESERVED_MEM_HIGH. Goal: cudefer at most 1.2× "
+           "the pool at 4 KiB and 1.5× at 64 MiB; registrations (no pool) never slower than "
+           "the driver.\n\n",
+           opt.runs);
+    printf("| loop | iterations | driver µs | held | cudefer µs | held | pool µs | held (used / "
+           "reserved high) | cudefer / pool | cudefer / driver | goal | met |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
-        struct job *none = &jobs[i][MODE_NONE], *cd = &jobs[i][MODE_CUDEFER];
-        const char *id = loop_rows[i].id;
-        struct series tn = collect(none, "loop", "row", id, "us_per_iter");
-        struct series tc = collect(cd, "loop", "row", id, "us_per_iter");
-        struct series mn = collect(none, "loop", "row", id, "peak_dev_bytes");
-        struct series mc = collect(cd, "loop", "row", id, "peak_dev_bytes");
-        double med, lo, hi;
-        char a[160], b[160], c[32], d[32], e[32], f[32], g[32], flushes[256];
+        const struct loop_row *r = &loop_rows[i];
+        struct job *none = &jobs[i][t][MODE_NONE], *cd = &jobs[i][t][MODE_CUDEFER];
+        struct job *pl = &jobs[i][t][MODE_POOL];
+        struct series tn = collect(none, "loop", "row", r->id, "us_per_iter");
+        struct series tc = collect(cd, "loop", "row", r->id, "us_per_iter");
+        struct series tp = collect(pl, "loop", "row", r->id, "us_per_iter");
+        char a[160], b[160], c[160], held_c[32], held_p[80], rp[32], rd[32], goal[48];
+        const char *met = "–";
         fmt_cell(a, sizeof a, tn);
         fmt_cell(b, sizeof b, tc);
-        fmt_ratio(c, sizeof c, tn, tc);
-        double peak = report_number(cd->report, "peak_deferred_bytes");
-        fmt_bytes(d, sizeof d, peak);
-        fmt_bytes(e, sizeof e, stats(mn, &med, &lo, &hi) ? hi : -1);
-        fmt_bytes(f, sizeof f, stats(mc, &med, &lo, &hi) ? hi : -1);
-        double reused = report_object(cd->report, "reused", NULL, 0);
-        if (reused < 0)
-            snprintf(g, sizeof g, "-");
+        fmt_bytes(held_c, sizeof held_c, cd->ran ? cudefer_held(cd) : -1);
+        bool na = first_line(pl, "loop_na") != NULL;
+        if (!row_has_pool(r)) {
+            snprintf(c, sizeof c, "no pool");
+            snprintf(held_p, sizeof held_p, "–");
+        } else if (na || !pl->ran) {
+            snprintf(c, sizeof c, "n/a");
+            snprintf(held_p, sizeof held_p, "–");
+        } else {
+            fmt_cell(c, sizeof c, tp);
+            char used[16] = "-1", resv[16] = "-1", u[32], v[32];
+            const char *l = first_line(pl, "loop_pool");
+            if (l) {
+                field(l, "used_high", used, sizeof used);
+                field(l, "reserved_high", resv, sizeof resv);
+            }
+            fmt_bytes(u, sizeof u, strtod(used, NULL));
+            fmt_bytes(v, sizeof v, strtod(resv, NULL));
+            snprintf(held_p, sizeof held_p, "%s / %s", u, v);
+        }
+        fmt_ratio(rp, sizeof rp, tc, tp);
+        fmt_ratio(rd, sizeof rd, tc, tn);
+        double limit = row_goal(r);
+        double mc = median_of(tc), mn = median_of(tn), mp = median_of(tp);
+        char measured[200], fc[32], fn[32], fp[32];
+        fmt_num(fc, sizeof fc, mc);
+        fmt_num(fn, sizeof fn, mn);
+        fmt_num(fp, sizeof fp, mp);
+        if (!row_has_pool(r)) {
+            snprintf(goal, sizeof goal, "≤ 1.00× driver");
+            if (mc > 0 && mn > 0) {
+                met = mc <= mn ? "met" : "NOT met";
+                snprintf(measured, sizeof measured, "%.2f× the driver (%s vs %s µs)", mc / mn,
+                         fc, fn);
+            }
+        } else {
+            snprintf(goal, sizeof goal, "≤ %.1f× pool", limit);
+            if (mc > 0 && mp > 0) {
+                met = mc <= limit * mp ? "met" : "NOT met";
+                snprintf(measured, sizeof measured, "%.2f× the pool (%s vs %s µs)", mc / mp, fc,
+                         fp);
+            } else if (na) {
+                met = "no pool";
+            }
+        }
+        if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
+            add_goal(met, measured, "loops, %s touch, %s: cudefer %s", touch_names[t],
+                     r->label, goal);
         else
-            snprintf(g, sizeof g, "%.0f", reused);
+            add_goal("not measured", na ? "the pool could not be made" : "–",
+                     "loops, %s touch, %s: cudefer %s", touch_names[t], r->label, goal);
+        printf("| %s: %s%s%s%s | %d | %s | 0 | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+               r->label, r->calls, mode_status(none), mode_status(cd), mode_status(pl),
+               row_iters(r, t), a, b, held_c, c, held_p, rp, rd, goal, met);
+    }
+
+    /* What the pools were, and why some are missing. */
+    printf("\nPools:\n\n");
+    for (size_t i = 0; i < N_LOOP_ROWS; i++) {
+        struct job *pl = &jobs[i][t][MODE_POOL];
+        char how[200] = "";
+        const char *na = first_line(pl, "loop_na"), *l;
+        if (na)
+            field(na, "why", how, sizeof how);
+        else if ((l = first_line(pl, "loop_pool_setup")) != NULL)
+            field(l, "how", how, sizeof how);
+        if (!how[0])
+            continue;
+        note_untoken(how);
+        printf("- %s: %s%s\n", loop_rows[i].id, na ? "not available: " : "", how);
+    }
+
+    /* Details: cudefer's counters and the sampled device memory. */
+    printf("\nDetails (cudefer's counters over the child; device memory in use at the sampled "
+           "peak, cuMemGetInfo %d times a run, above the level before the loop, largest over "
+           "the runs: driver / cudefer / pool):\n\n",
+           MEM_SAMPLES);
+    for (size_t i = 0; i < N_LOOP_ROWS; i++) {
+        const struct loop_row *r = &loop_rows[i];
+        struct job *cd = &jobs[i][t][MODE_CUDEFER];
+        char flushes[256], mem[3][32];
+        double reused = report_object(cd->report, "reused", NULL, 0);
         if (report_object(cd->report, "flushes", flushes, sizeof flushes) < 0)
             snprintf(flushes, sizeof flushes, "-");
         else if (!flushes[0])
-            snprintf(flushes, sizeof flushes, "0");
-        printf("| %s%s%s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", loop_rows[i].label,
-               mode_status(none), mode_status(cd), row_iters(&loop_rows[i]), a, b, c, d, e, f, g,
-               flushes);
+            snprintf(flushes, sizeof flushes, "none");
+        for (int m = 0; m < N_MODES; m++) {
+            double med, lo, hi;
+            struct series s = collect(&jobs[i][t][m], "loop", "row", r->id, "peak_dev_bytes");
+            fmt_bytes(mem[m], sizeof mem[m], stats(s, &med, &lo, &hi) ? hi : -1);
+        }
+        char reused_s[32] = "-";
+        if (reused >= 0)
+            snprintf(reused_s, sizeof reused_s, "%.0f", reused);
+        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s\n",
+               r->id, reused_s, flushes, mem[0], mem[1], mem[2]);
     }
     for (size_t i = 0; i < N_LOOP_ROWS; i++)
         for (int m = 0; m < N_MODES; m++)
-            if (!jobs[i][m].ok)
-                printf("\n%s: %s child FAILED: %s\n", loop_rows[i].id, mode_names[m],
-                       jobs[i][m].why);
+            if (jobs[i][t][m].ran && !jobs[i][t][m].ok)
+                printf("\n%s, %s touch: %s child FAILED: %s\n", loop_rows[i].id, touch_names[t],
+                       mode_names[m], jobs[i][t][m].why);
 }
+
+/* ---- cost --------------------------------------------------------------- */
 
 static void print_cost(struct job *jobs)
 {
     struct job *none = &jobs[MODE_NONE], *cd = &jobs[MODE_CUDEFER];
     static const struct {
-        const char *key, *label, *unit;
+        const char *key, *label;
     } rows[] = {
-        {"alloc_us", "cuMemAlloc 4 KiB", "µs"},
-        {"free_us", "cuMemFree of it, idle GPU", "µs"},
-        {"allochost_us", "cuMemAllocHost 4 KiB", "µs"},
-        {"freehost_us", "cuMemFreeHost of it, idle GPU", "µs"},
-        {"free0_ns", "cuMemFree(0) (wrapped, nothing to do)", "ns"},
-        {"getcurrent_direct_ns", "cuCtxGetCurrent, linked symbol (not wrapped)", "ns"},
-        {"getcurrent_procaddr_ns", "cuCtxGetCurrent via cuGetProcAddress pointer", "ns"},
-        {"getcurrent_dlsym_ns", "cuCtxGetCurrent via dlsym(libcuda.so.1) pointer", "ns"},
+        {"free_ns", "cuMemFree of a 4 KiB device block, idle GPU"},
+        {"freehost_ns", "cuMemFreeHost of a 4 KiB cuMemAllocHost block, idle GPU"},
+        {"alloc_ns", "cuMemAlloc 4 KiB (for reference)"},
+        {"allochost_ns", "cuMemAllocHost 4 KiB (for reference)"},
+        {"free0_ns", "cuMemFree(0) (wrapped, nothing to do)"},
+        {"getcurrent_direct_ns", "cuCtxGetCurrent (not wrapped), linked symbol"},
+        {"getcurrent_procaddr_ns", "cuCtxGetCurrent, cuGetProcAddress pointer"},
+        {"getcurrent_dlsym_ns", "cuCtxGetCurrent, dlsym(libcuda.so.1) pointer"},
+        {"launch_direct_ns", "cuLaunchKernel of an empty kernel (wrapped), linked symbol"},
+        {"launch_procaddr_ns", "cuLaunchKernel of an empty kernel, cuGetProcAddress pointer"},
     };
-    char n_dev[16] = "?", n_host[16] = "?", n_calls[16] = "?";
-    for (size_t i = 0; i < none->n_lines; i++)
-        if (line_is(none->lines[i], "cost_setup")) {
-            field(none->lines[i], "n_dev", n_dev, sizeof n_dev);
-            field(none->lines[i], "n_host", n_host, sizeof n_host);
-            field(none->lines[i], "n_calls", n_calls, sizeof n_calls);
-        }
+    char n_dev[16] = "?", n_host[16] = "?", n_calls[16] = "?", n_launch[16] = "?";
+    const char *setup = first_line(none, "cost_setup");
+    if (setup) {
+        field(setup, "n_dev", n_dev, sizeof n_dev);
+        field(setup, "n_host", n_host, sizeof n_host);
+        field(setup, "n_calls", n_calls, sizeof n_calls);
+        field(setup, "n_launch", n_launch, sizeof n_launch);
+    }
     printf("\n### Cost of a call with no GPU work\n\n");
-    printf("Per call, median of %d runs (min–max): %s cuMemAlloc then %s cuMemFree, %s "
-           "cuMemAllocHost then %s cuMemFreeHost, %s calls of each unwrapped pointer. "
-           "Ratio: with / without cudefer.\n\n",
-           opt.runs, n_dev, n_dev, n_host, n_host, n_calls);
-    printf("| call | unit | no cudefer | cudefer | ratio |\n|---|---|---|---|---|\n");
+    printf("ns per call, median of %d runs (min–max): %s cuMemAlloc then %s cuMemFree, %s "
+           "cuMemAllocHost then %s cuMemFreeHost (each batch after a cuCtxSynchronize, so the "
+           "GPU is idle), %s calls of each cuCtxGetCurrent pointer, %s launches of each "
+           "cuLaunchKernel pointer (batches of 500, the stream synchronised between batches, "
+           "not timed). \"added\": cudefer's median minus the driver's.\n\n",
+           opt.runs, n_dev, n_dev, n_host, n_host, n_calls, n_launch);
+    printf("| call | driver (ns) | cudefer (ns) | added by cudefer (ns) | ratio |\n"
+           "|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         struct series sn = collect(none, "cost", NULL, NULL, rows[i].key);
         struct series sc = collect(cd, "cost", NULL, NULL, rows[i].key);
-        char a[160], b[160], c[32];
+        char a[160], b[160], c[32], d[40] = "-";
         fmt_cell(a, sizeof a, sn);
         fmt_cell(b, sizeof b, sc);
         fmt_ratio(c, sizeof c, sc, sn);
-        printf("| %s | %s | %s | %s | %s |\n", rows[i].label, rows[i].unit, a, b, c);
+        double mn = median_of(sn), mc = median_of(sc);
+        if (mn >= 0 && mc >= 0) {
+            char num[32];
+            fmt_num(num, sizeof num, mc - mn);
+            snprintf(d, sizeof d, "%s%s", mc - mn >= 0 ? "+" : "", num);
+        }
+        printf("| %s | %s | %s | %s | %s |\n", rows[i].label, a, b, d, c);
     }
-    for (int m = 0; m < N_MODES; m++) {
-        char pa[8] = "?", dl[8] = "?", same[8] = "?";
-        for (size_t i = 0; i < jobs[m].n_lines; i++)
-            if (line_is(jobs[m].lines[i], "cost_ptrs")) {
-                field(jobs[m].lines[i], "procaddr_driver_own", pa, sizeof pa);
-                field(jobs[m].lines[i], "dlsym_driver_own", dl, sizeof dl);
-                field(jobs[m].lines[i], "same", same, sizeof same);
+    for (int m = 0; m < N_PAIR; m++) {
+        char pa[8] = "?", dl[8] = "?", same[8] = "?", ll[8] = "?", lp[8] = "?";
+        const char *l = first_line(&jobs[m], "cost_ptrs");
+        if (l) {
+            field(l, "procaddr_driver_own", pa, sizeof pa);
+            field(l, "dlsym_driver_own", dl, sizeof dl);
+            field(l, "same", same, sizeof same);
+            field(l, "launch_linked_driver_own", ll, sizeof ll);
+            field(l, "launch_procaddr_driver_own", lp, sizeof lp);
+        }
+#define YN(v) (strcmp(v, "1") == 0 ? "the driver's" : strcmp(v, "0") == 0 ? "cudefer's" : v)
+        printf("\n%s: cuCtxGetCurrent through cuGetProcAddress is %s, through dlsym %s (the "
+               "same pointer: %s); cuLaunchKernel, linked: %s, through cuGetProcAddress: "
+               "%s.%s%s",
+               mode_names[m], YN(pa), YN(dl), strcmp(same, "1") == 0 ? "yes" : same, YN(ll),
+               YN(lp), jobs[m].ok ? "" : " FAILED: ", jobs[m].ok ? "" : jobs[m].why);
+#undef YN
+    }
+    printf("\n");
+}
+
+/* ---- live blocks -------------------------------------------------------- */
+
+static void print_live(struct job *jobs)
+{
+    struct job *none = &jobs[MODE_NONE], *cd = &jobs[MODE_CUDEFER];
+    char bytes[16] = "?", pairs[16] = "?", budget_n[16] = "?", budget_c[16] = "?";
+    const char *l = first_line(none, "live_setup");
+    if (l) {
+        field(l, "bytes", bytes, sizeof bytes);
+        field(l, "pairs", pairs, sizeof pairs);
+        field(l, "budget_s", budget_n, sizeof budget_n);
+    }
+    if ((l = first_line(cd, "live_setup")) != NULL)
+        field(l, "budget_s", budget_c, sizeof budget_c);
+
+    /* The levels, in the order the child without cudefer reached them,
+     * then any only the other reached. */
+    long levels[16];
+    int n_levels = 0;
+    for (int m = 0; m < N_PAIR; m++)
+        for (size_t i = 0; i < jobs[m].n_lines; i++) {
+            char v[32];
+            if (!line_is(jobs[m].lines[i], "live_grow") ||
+                !field(jobs[m].lines[i], "level", v, sizeof v))
+                continue;
+            long lv = atol(v);
+            bool seen = false;
+            for (int k = 0; k < n_levels; k++)
+                seen |= levels[k] == lv;
+            if (!seen && n_levels < 16)
+                levels[n_levels++] = lv;
+        }
+
+    printf("\n### Bookkeeping as live blocks grow: one more block's cuMemAlloc / cuMemFree "
+           "pair, N blocks live\n\n");
+    printf("N device blocks of %s bytes are allocated and kept; then %s pairs of cuMemAlloc "
+           "and cuMemFree of one more block, idle GPU: ns per pair, median of %d runs "
+           "(min–max). \"difference\": cudefer's median minus the driver's (what the shim "
+           "adds to a pair). The children grow N while the next level fits in %s s of "
+           "allocation (cudefer's: %s s, up to the driver child's largest N). Issue 16's "
+           "goal: at most 200 ns more than the driver at 10,000,000 live blocks.\n\n",
+           bytes, pairs, opt.runs, budget_n, budget_c);
+    printf("| live blocks N | driver (ns per pair) | cudefer (ns per pair) | difference (ns) | "
+           "cuMemAlloc while growing, driver / cudefer (ns) |\n|---|---|---|---|---|\n");
+    long top = 0;
+    double top_diff = 0;
+    bool top_ok = false;
+    for (int k = 0; k < n_levels; k++) {
+        char lv[32], a[160], b[160], d[40] = "-", gn[32] = "-", gc[32] = "-";
+        snprintf(lv, sizeof lv, "%ld", levels[k]);
+        struct series sn = collect(none, "live", "level", lv, "ns_per_pair");
+        struct series sc = collect(cd, "live", "level", lv, "ns_per_pair");
+        fmt_cell(a, sizeof a, sn);
+        fmt_cell(b, sizeof b, sc);
+        double mn = median_of(sn), mc = median_of(sc);
+        if (mn >= 0 && mc >= 0) {
+            char num[32];
+            fmt_num(num, sizeof num, mc - mn);
+            snprintf(d, sizeof d, "%s%s", mc - mn >= 0 ? "+" : "", num);
+            if (levels[k] > top) {
+                top = levels[k];
+                top_diff = mc - mn;
+                top_ok = true;
             }
-        printf("\n%s: the cuGetProcAddress pointer is the driver's own: %s; the dlsym pointer: "
-               "%s; the two are the same: %s.%s%s",
-               mode_names[m], strcmp(pa, "1") == 0 ? "yes" : pa, strcmp(dl, "1") == 0 ? "yes" : dl,
-               strcmp(same, "1") == 0 ? "yes" : same, jobs[m].ok ? "" : " FAILED: ",
+        }
+        struct series grn = collect(none, "live_grow", "level", lv, "ns_per_alloc");
+        struct series grc = collect(cd, "live_grow", "level", lv, "ns_per_alloc");
+        if (grn.n)
+            fmt_num(gn, sizeof gn, grn.v[0]);
+        if (grc.n)
+            fmt_num(gc, sizeof gc, grc.v[0]);
+        printf("| %ld | %s | %s | %s | %s / %s |\n", levels[k], a, b, d, gn, gc);
+    }
+    char stops[2][200] = {"", ""};
+    for (int m = 0; m < N_PAIR; m++) {
+        const char *s = first_line(&jobs[m], "live_stop");
+        if (s) {
+            char lv[32] = "?", why[64] = "?";
+            field(s, "level", lv, sizeof lv);
+            field(s, "why", why, sizeof why);
+            for (char *p = why; *p; p++)
+                if (*p == '_')
+                    *p = ' ';
+            snprintf(stops[m], sizeof stops[m], "did not grow to %s (%s)", lv, why);
+        } else {
+            snprintf(stops[m], sizeof stops[m], "reached every level");
+        }
+        printf("\n%s child: %s%s%s", mode_names[m], stops[m], jobs[m].ok ? "." : "; FAILED: ",
                jobs[m].ok ? "" : jobs[m].why);
     }
     printf("\n");
+
+    char measured[240];
+    if (!top_ok) {
+        add_goal("not measured", "–",
+                 "live blocks: a cuMemAlloc/cuMemFree pair at most 200 ns above the driver at "
+                 "10^7 live blocks");
+        return;
+    }
+    snprintf(measured, sizeof measured, "%+.0f ns at N = %ld%s", top_diff, top,
+             top >= 10000000 ? "" : " (the largest N both children reached)");
+    add_goal(top_diff <= 200 ? (top >= 10000000 ? "met" : "met at the largest N measured")
+                             : "NOT met",
+             measured,
+             "live blocks: a cuMemAlloc/cuMemFree pair at most 200 ns above the driver at "
+             "10^7 live blocks");
 }
 
 static bool section_wanted(const char *name)
@@ -1222,11 +1995,13 @@ static void find_shim(void)
         gc_die("the shim %s: %s", p, strerror(errno));
 }
 
+
 static void usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--shim PATH] [--runs N] [--quick] [--smoke] [--only stall,loops,cost]"
-            " [--log FILE]\n",
+            "usage: %s [--shim PATH] [--runs N] [--quick] [--smoke] "
+            "[--only stall,loops,cost,live] [--log FILE] [--goals FILE] [--live-budget S] "
+            "[--budget S]\n",
             argv0);
     exit(2);
 }
@@ -1236,10 +2011,10 @@ static void parse_args(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
+        char *end;
         if (strcmp(a, "--shim") == 0 && has)
             opt.shim = argv[++i];
         else if (strcmp(a, "--runs") == 0 && has) {
-            char *end;
             long v = strtol(argv[++i], &end, 10);
             if (*end || v < 1 || v > 64)
                 usage(argv[0]);
@@ -1253,7 +2028,25 @@ static void parse_args(int argc, char **argv)
             opt.only = argv[++i];
         else if (strcmp(a, "--log") == 0 && has)
             opt.log = argv[++i];
-        else if (strcmp(a, "--child") == 0 && has)
+        else if (strcmp(a, "--goals") == 0 && has)
+            opt.goals = argv[++i];
+        else if (strcmp(a, "--budget") == 0 && has) {
+            double v = strtod(argv[++i], &end);
+            if (*end || v <= 0)
+                usage(argv[0]);
+            opt.budget_s = v;
+        }
+        else if (strcmp(a, "--live-budget") == 0 && has) {
+            double v = strtod(argv[++i], &end);
+            if (*end || v <= 0 || v > 3600)
+                usage(argv[0]);
+            opt.live_budget_s = v;
+        } else if (strcmp(a, "--live-max") == 0 && has) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0)
+                usage(argv[0]);
+            opt.live_max = v;
+        } else if (strcmp(a, "--child") == 0 && has)
             opt.child = argv[++i];
         else if (strcmp(a, "--mode") == 0 && has)
             opt.mode = argv[++i];
@@ -1262,6 +2055,19 @@ static void parse_args(int argc, char **argv)
     }
     if (opt.smoke && !opt.runs_given)
         opt.runs = 2;
+}
+
+/* The largest level the live child reached, 0 if none. */
+static long live_reached(const struct job *j)
+{
+    long top = 0;
+    for (size_t i = 0; i < j->n_lines; i++) {
+        char v[32];
+        if (line_is(j->lines[i], "live_grow") && field(j->lines[i], "level", v, sizeof v) &&
+            atol(v) > top)
+            top = atol(v);
+    }
+    return top;
 }
 
 int main(int argc, char **argv)
@@ -1291,64 +2097,115 @@ int main(int argc, char **argv)
     }
 
     bool want_stall = section_wanted("stall"), want_loops = section_wanted("loops");
-    bool want_cost = section_wanted("cost");
-    if (!want_stall && !want_loops && !want_cost)
+    bool want_cost = section_wanted("cost"), want_live = section_wanted("live");
+    if (!want_stall && !want_loops && !want_cost && !want_live)
         usage(argv[0]);
 
-    static struct job stall[N_MODES], loops[N_LOOP_ROWS][N_MODES], cost[N_MODES];
+    static struct job stall[N_PAIR], loops[N_LOOP_ROWS][N_TOUCH][N_MODES], cost[N_PAIR],
+        live[N_PAIR];
     for (int m = 0; m < N_MODES; m++) {
-        snprintf(stall[m].section, sizeof stall[m].section, "stall");
-        snprintf(cost[m].section, sizeof cost[m].section, "cost");
-        stall[m].mode = cost[m].mode = m;
-        for (size_t i = 0; i < N_LOOP_ROWS; i++) {
-            snprintf(loops[i][m].section, sizeof loops[i][m].section, "loop:%s",
-                     loop_rows[i].id);
-            loops[i][m].mode = m;
+        if (m < N_PAIR) {
+            snprintf(stall[m].section, sizeof stall[m].section, "stall");
+            snprintf(cost[m].section, sizeof cost[m].section, "cost");
+            snprintf(live[m].section, sizeof live[m].section, "live");
+            stall[m].mode = cost[m].mode = live[m].mode = m;
         }
+        for (size_t i = 0; i < N_LOOP_ROWS; i++)
+            for (int t = 0; t < N_TOUCH; t++) {
+                snprintf(loops[i][t][m].section, sizeof loops[i][t][m].section, "loop:%s:%s",
+                         loop_rows[i].id, touch_names[t]);
+                loops[i][t][m].mode = m;
+            }
     }
 
+    char started[64];
+    time_t now = time(NULL);
+    strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    double t_start = gc_now_ms();
+    parent_start_ms = t_start;
     fprintf(stderr, "cudefer-loops: shim %s; %d run(s) per figure%s%s\n", shim_path, opt.runs,
             opt.quick ? "; quick" : "", opt.smoke ? "; smoke" : "");
-    struct job *first = NULL;
+    const struct job *info[N_MODES] = {NULL, NULL, NULL};
+    double secs[4] = {0, 0, 0, 0};
     if (want_stall) {
-        for (int m = 0; m < N_MODES; m++) {
+        double t0 = gc_now_ms();
+        for (int m = 0; m < N_PAIR; m++) {
             run_job(&stall[m]);
             expect_lines(&stall[m], "stall", (int)N_RELEASE_CASES * opt.runs);
+            if (!info[m])
+                info[m] = &stall[m];
         }
-        first = stall;
+        secs[0] = (gc_now_ms() - t0) / 1e3;
     }
     if (want_loops) {
-        for (size_t i = 0; i < N_LOOP_ROWS; i++)
-            for (int m = 0; m < N_MODES; m++) {
-                run_job(&loops[i][m]);
-                expect_lines(&loops[i][m], "loop", opt.runs);
-            }
-        if (!first)
-            first = loops[0];
+        double t0 = gc_now_ms();
+        for (int t = 0; t < N_TOUCH; t++)
+            for (size_t i = 0; i < N_LOOP_ROWS; i++)
+                for (int m = 0; m < N_MODES; m++) {
+                    struct job *j = &loops[i][t][m];
+                    if (m == MODE_POOL && !row_has_pool(&loop_rows[i]))
+                        continue;
+                    run_job(j);
+                    if (!first_line(j, "loop_na"))
+                        expect_lines(j, "loop", opt.runs);
+                    if (!info[m])
+                        info[m] = j;
+                }
+        secs[1] = (gc_now_ms() - t0) / 1e3;
     }
     if (want_cost) {
-        for (int m = 0; m < N_MODES; m++) {
+        double t0 = gc_now_ms();
+        for (int m = 0; m < N_PAIR; m++) {
             run_job(&cost[m]);
             expect_lines(&cost[m], "cost", opt.runs);
+            if (!info[m])
+                info[m] = &cost[m];
         }
-        if (!first)
-            first = cost;
+        secs[2] = (gc_now_ms() - t0) / 1e3;
+    }
+    if (want_live) {
+        double t0 = gc_now_ms();
+        live[MODE_NONE].live_budget_s = live_budget();
+        run_job(&live[MODE_NONE]);
+        live[MODE_CUDEFER].live_budget_s = 2 * live_budget();
+        live[MODE_CUDEFER].live_max = live_reached(&live[MODE_NONE]);
+        run_job(&live[MODE_CUDEFER]);
+        for (int m = 0; m < N_PAIR; m++)
+            if (!info[m])
+                info[m] = &live[m];
+        secs[3] = (gc_now_ms() - t0) / 1e3;
     }
 
     printf("## cudefer-loops\n\n");
-    printf("- shim: %s\n", shim_path);
+    printf("- date: %s\n", started);
+    printf("- command: `");
+    for (int i = 0; i < argc; i++)
+        printf("%s%s", i ? " " : "", argv[i]);
+    printf("`\n- shim: %s\n", shim_path);
     printf("- runs per figure: %d%s%s\n", opt.runs, opt.quick ? " (--quick)" : "",
            opt.smoke ? " (--smoke: tiny counts)" : "");
+    printf("- seconds per section: stall %.0f, loops %.0f, cost %.0f, live %.0f (all %.0f)\n",
+           secs[0], secs[1], secs[2], secs[3], (gc_now_ms() - t_start) / 1e3);
     for (int m = 0; m < N_MODES; m++)
-        print_info(&first[m]);
+        if (info[m]) {
+            print_info(info[m]);
+            const char *l = first_line(info[m], "info");
+            char sim[8] = "0";
+            if (l && field(l, "sim", sim, sizeof sim) && strcmp(sim, "1") == 0)
+                simulated = true;
+        }
     if (want_stall)
         print_stall(stall);
     if (want_loops)
-        print_loops(loops);
+        for (int t = 0; t < N_TOUCH; t++)
+            print_loops(loops, (enum touch)t);
     if (want_cost)
         print_cost(cost);
+    if (want_live)
+        print_live(live);
     if (any_failure)
         printf("\n**Some measurements FAILED** (see stderr%s).\n", opt.log ? " and the log" : "");
+    print_goals();
     if (log_file)
         fclose(log_file);
     return any_failure ? 1 : 0;

@@ -26,7 +26,9 @@
 # oom, conform, capture (1-7), and registered, hidden-wait, teardown-race,
 # oom-concurrent, capture-ptsz, green, primary-unseen, sticky, quiet (8-16;
 # each a program of tests/gpu run without and with cudefer; see
-# tests/gpu/README.md).
+# tests/gpu/README.md), and libs (the CUDA libraries' handle and plan
+# destruction, without and with cudefer, one program per library in
+# tests/gpu/libs; informational, about 60 s).
 #
 # Environment: OUT (output folder), CUDA_PATH (default /usr/local/cuda),
 # GPU_CHECK_BUDGET_S (seconds after which no further program is started,
@@ -280,9 +282,10 @@ check_hazard_control() {
     say "== 3. hazards: the unsafe control, and a fault with releases queued"
     run_prog hazards none unsafe:device 20 -- "$BIN/hazard" unsafe device
     run_prog hazards shim unsafe:device 20 CUDEFER_LOG=error -- "$BIN/hazard" unsafe device
-    # What cudefer reported dropping (its error line on stderr).
+    # What cudefer reported keeping for the context's destruction (its error
+    # line on stderr).
     local dropped
-    dropped=$(sed -n 's/.*dropped \([0-9][0-9]*\) queued releases.*/\1/p' \
+    dropped=$(sed -n 's/.*its \([0-9][0-9]*\) queued releases are kept.*/\1/p' \
         "$(run_base hazards shim unsafe:device).err" 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')
     say "RESULT hazard_dropped check=hazards mode=shim id=unsafe:device dropped=${dropped:-0}" \
         >>"$RESULTS"
@@ -393,6 +396,153 @@ check_quiet() {
     done
 }
 
+# ---- libs: CUDA libraries' handle and plan destruction (informational) ---------------
+
+# One program per library in tests/gpu/libs, run once without cudefer (none)
+# and once with it (shim); each prints how long each destruction blocked its
+# caller and another thread's launch (tests/gpu/libs/libs.h). Nothing here
+# fails the run: a library that cannot be found, built or loaded gets a
+# RESULT line saying so, and the next one goes on.
+LIBS_SOURCES="cublas cublaslt cufft curand cusparse cusolver cudnn nccl"
+LIBS_IDS="cublas cublaslt cufft curand cusparse cusolver cudnn cudnn-backend nccl"
+
+# libs_spec ID: LIBS_SRC (tests/gpu/libs/LIBS_SRC.c), LIBS_ARG (its argument),
+# LIBS_HEADER, LIBS_LIB (the library's file name less .so), LIBS_PREFER
+# (where to look first: the toolkit, or pip, whose copy PyTorch uses) and
+# LIBS_PIP (the pip modules that may hold it).
+libs_spec() {
+    LIBS_SRC=$1 LIBS_ARG='' LIBS_PREFER=toolkit LIBS_PIP=''
+    case $1 in
+    cublas) LIBS_HEADER=cublas_v2.h LIBS_LIB=libcublas LIBS_PIP="nvidia.cublas nvidia.cu13" ;;
+    cublaslt) LIBS_HEADER=cublasLt.h LIBS_LIB=libcublasLt LIBS_PIP="nvidia.cublas nvidia.cu13" ;;
+    cufft) LIBS_HEADER=cufft.h LIBS_LIB=libcufft LIBS_PIP="nvidia.cufft nvidia.cu13" ;;
+    curand) LIBS_HEADER=curand.h LIBS_LIB=libcurand LIBS_PIP="nvidia.curand nvidia.cu13" ;;
+    cusparse) LIBS_HEADER=cusparse.h LIBS_LIB=libcusparse LIBS_PIP="nvidia.cusparse nvidia.cu13" ;;
+    cusolver)
+        LIBS_HEADER=cusolverDn.h LIBS_LIB=libcusolver LIBS_PIP="nvidia.cusolver nvidia.cu13"
+        ;;
+    cudnn) LIBS_ARG=legacy LIBS_HEADER=cudnn.h LIBS_LIB=libcudnn LIBS_PREFER=pip
+        LIBS_PIP="nvidia.cudnn nvidia.cu13" ;;
+    cudnn-backend) LIBS_SRC=cudnn LIBS_ARG=backend LIBS_HEADER=cudnn.h LIBS_LIB=libcudnn
+        LIBS_PREFER=pip LIBS_PIP="nvidia.cudnn nvidia.cu13" ;;
+    nccl) LIBS_HEADER=nccl.h LIBS_LIB=libnccl LIBS_PREFER=pip LIBS_PIP="nvidia.nccl nvidia.cu13" ;;
+    esac
+}
+
+# The folders of the pip modules given that python3 can import, one a line.
+libs_pip_roots() { # modules...
+    local m
+    for m in "$@"; do
+        python3 -c "import $m as p; print(list(p.__path__)[0])" 2>/dev/null
+    done
+}
+
+# libs_locate: a folder pair, include and lib, holding LIBS_HEADER and
+# LIBS_LIB.so (or .so.N), tried in the order of LIBS_PREFER, then the
+# system's; sets LIBS_INC_DIR and LIBS_LIB_FILE (empty when none has both).
+libs_locate() {
+    local root pair file system
+    local -a pip=() order=()
+    local toolkit="$CUDA/include:$CUDA/lib64"
+    system="/usr/include:/usr/lib/$(gcc -print-multiarch 2>/dev/null)"
+    # shellcheck disable=SC2086 # LIBS_PIP is a list of module names
+    while read -r root; do
+        [ -n "$root" ] && pip+=("$root/include:$root/lib" "$root/include:$root/lib64")
+    done < <(libs_pip_roots $LIBS_PIP)
+    if [ "$LIBS_PREFER" = pip ]; then
+        order=(${pip[@]+"${pip[@]}"} "$toolkit" "$system")
+    else
+        order=("$toolkit" ${pip[@]+"${pip[@]}"} "$system")
+    fi
+    LIBS_INC_DIR='' LIBS_LIB_FILE=''
+    for pair in "${order[@]}"; do
+        [ -f "${pair%%:*}/$LIBS_HEADER" ] || continue
+        for file in "${pair#*:}/$LIBS_LIB.so" "${pair#*:}/$LIBS_LIB".so.[0-9]*; do
+            if [ -e "$file" ]; then
+                LIBS_INC_DIR=${pair%%:*} LIBS_LIB_FILE=$file
+                return 0
+            fi
+        done
+    done
+    return 1
+}
+
+# libs_build SRC: $BIN/libs_SRC, linked with its library where libs_locate
+# finds it, else without it (a program built without its header says so
+# itself). Sets LIBS_STATUS (ok, stub or not_built) and LIBS_LIB_DIR.
+libs_build() {
+    libs_spec "$1"
+    local src="$ROOT/tests/gpu/libs/$LIBS_SRC.c" out="$BIN/libs_$LIBS_SRC"
+    local -a cc=(gcc -std=gnu11 -O2 -g -Wall -Wextra -I"$ROOT/bench")
+    # shellcheck disable=SC2054 # the comma belongs to -Wl,-rpath
+    local -a link=(-L"$CUDA/lib64/stubs" -lcuda -L"$CUDA/lib64" -lcudart
+        -Wl,-rpath,"$CUDA/lib64" -lpthread -ldl)
+    LIBS_LIB_DIR=
+    rm -f "$out"
+    if libs_locate; then
+        LIBS_LIB_DIR=$(dirname "$LIBS_LIB_FILE")
+        say "== build: libs_$LIBS_SRC ($LIBS_INC_DIR/$LIBS_HEADER, $LIBS_LIB_FILE)" >>"$BUILDLOG"
+        if "${cc[@]}" -I"$LIBS_INC_DIR" -I"$CUDA/include" "$src" -o "$out" "$LIBS_LIB_FILE" \
+            -Wl,-rpath,"$LIBS_LIB_DIR" "${link[@]}" >>"$BUILDLOG" 2>&1; then
+            LIBS_STATUS=ok
+            return 0
+        fi
+    else
+        say "== build: libs_$LIBS_SRC: no folder holds both $LIBS_HEADER and $LIBS_LIB.so" \
+            >>"$BUILDLOG"
+    fi
+    say "== build: libs_$LIBS_SRC without its library" >>"$BUILDLOG"
+    if "${cc[@]}" -I"$CUDA/include" "$src" -o "$out" "${link[@]}" >>"$BUILDLOG" 2>&1; then
+        LIBS_STATUS=stub
+    else
+        LIBS_STATUS=not_built
+    fi
+}
+
+# A setup line of the check for a run that printed none itself.
+libs_line() { # mode id rc
+    say "RESULT libs check=libs mode=$1 id=$2 lib=$2 call=- stage=setup caller_ms=-" \
+        "launch_ms=- rc=$3" >>"$RESULTS"
+}
+
+# A run with no "RESULT libs" line (its library not found when loading, a
+# crash or a timeout before its first line) gets one.
+libs_no_result() { # mode id
+    local base rc why=no_result
+    base=$(run_base libs "$1" "$2")
+    grep -q '^RESULT libs ' "$base.out" && return 0
+    rc=$(sed -n "s/^RUN check=libs mode=$1 id=$2 rc=\\([^ ]*\\) .*/\\1/p" "$RESULTS" | tail -n 1)
+    grep -q 'error while loading shared libraries' "$base.err" && why=not_loaded
+    libs_line "$1" "$2" "${why}_exit_${rc:-none}"
+}
+
+check_libs() {
+    say "== libs"
+    local src id mode path
+    local -A built=() dirs=()
+    for src in $LIBS_SOURCES; do
+        libs_build "$src"
+        built[$src]=$LIBS_STATUS
+        dirs[$src]=$LIBS_LIB_DIR
+        say "RESULT libs_build check=libs mode=- id=$src status=$LIBS_STATUS" \
+            "from=$(printf '%s' "${LIBS_LIB_FILE:--}" | tr -c 'A-Za-z0-9_./+-' '_')" >>"$RESULTS"
+    done
+    for id in $LIBS_IDS; do
+        libs_spec "$id"
+        # The library's own folder first: cuDNN loads its parts from there.
+        path="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}${dirs[$LIBS_SRC]:+${dirs[$LIBS_SRC]}:}$CUDA/lib64"
+        for mode in none shim; do
+            if [ "${built[$LIBS_SRC]}" = not_built ]; then
+                libs_line "$mode" "$id" not_built
+                continue
+            fi
+            run_prog libs "$mode" "$id" 30 "LD_LIBRARY_PATH=$path" NCCL_DEBUG=WARN -- \
+                "$BIN/libs_$LIBS_SRC" ${LIBS_ARG:+"$LIBS_ARG"}
+            libs_no_result "$mode" "$id"
+        done
+    done
+}
+
 # ---- main ----------------------------------------------------------------------------
 
 environment() {
@@ -428,6 +578,7 @@ wanted oom-concurrent && check_oom_concurrent
 wanted capture-ptsz && check_capture_ptsz
 wanted green && check_green
 wanted primary-unseen && check_primary_unseen
+wanted libs && check_libs
 wanted quiet && check_quiet
 wanted sticky && check_sticky
 wanted hazards && check_hazard_control

@@ -311,6 +311,14 @@ void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r)
     pthread_mutex_unlock(&c->lock);
 }
 
+size_t cd_books_entries(struct cd_ctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t n = (size_t)(c->held_entries + c->cached_entries);
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
 bool cd_books_empty(struct cd_ctx *c)
 {
     pthread_mutex_lock(&c->lock);

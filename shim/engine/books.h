@@ -52,6 +52,9 @@ struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t byt
                                  unsigned flags, uintptr_t max_key, size_t *depth);
 void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r);
 
+/* How many entries c's books hold. */
+size_t cd_books_entries(struct cd_ctx *c);
+
 /* Whether c's books hold anything (frees not yet batched included), and
  * how many entries reuses claim. */
 bool cd_books_empty(struct cd_ctx *c);

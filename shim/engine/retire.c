@@ -113,8 +113,9 @@ static bool keep_for_teardown(struct cd_ctx *c, struct cd_record *r, CUresult wh
     cd_retire_drop_event(c, r);
     cd_books_defer(c, r);
     if (!atomic_exchange(&c->sticky, true))
-        cd_log(CD_LOG_ERROR, "context %p has error %d: its releases are kept until its "
-               "destruction, which frees them", (void *)atomic_load(&c->handle), (int)why);
+        cd_log(CD_LOG_ERROR, "context %p has error %d: its %zu queued releases are kept until "
+               "its destruction, which frees them", (void *)atomic_load(&c->handle), (int)why,
+               cd_books_entries(c));
     *rc = why;
     return true;
 }

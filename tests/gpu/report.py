@@ -14,7 +14,9 @@ shim enabled, shim-defaults = shim with every CUDEFER_* variable unset).
 Prints one table per check, then the summary table: one line per check with
 PASS or FAIL and its key numbers (SIMULATED where the run was over the test
 driver and the check needs real kernels, SKIP or SKIPPED where it did not
-run). Exit status 0 when no check failed, 1 otherwise.
+run, PARTIAL where the informational libs check could not run some
+library, alike with and without cudefer). Exit status 0 when no check
+failed, 1 otherwise.
 """
 import math
 import os
@@ -155,7 +157,7 @@ SUMMARY_OF_CHECK = {"doors": ("doors",), "stall": ("stall",), "hazards": ("hazar
                     "hidden-wait": ("hidden-wait",), "teardown-race": ("teardown-race",),
                     "oom-concurrent": ("oom-concurrent",), "capture-ptsz": ("capture-ptsz",),
                     "green": ("green",), "primary-unseen": ("primary-unseen",),
-                    "sticky": ("sticky",), "quiet": ("quiet",)}
+                    "sticky": ("sticky",), "quiet": ("quiet",), "libs": ("libs",)}
 
 
 class Summary:
@@ -378,22 +380,23 @@ def report_faults(res, summary):
     """The unsafe control run with cudefer, a pinned release queued before
     the fault: the program sees the driver's error (cuCtxSynchronize and a
     cuMemFree after it), exits normally (no crash, no hang), and cudefer
-    reports on stderr what it dropped."""
+    reports on stderr how many queued releases it keeps for the context's
+    destruction, which frees them."""
     r = res.one("hazard", mode="shim", stream="unsafe", memory="device") or {}
     run = res.run_status("hazards", "shim", "unsafe:device")
     d = res.one("hazard_dropped", mode="shim")
     dropped = int(d.get("dropped", "0")) if d else 0
     queued = int(r.get("queued", "0"))
     table("faults: a kernel fault with releases queued (the unsafe control under cudefer)",
-          ("mode", "queued before", "cuCtxSynchronize", "cuMemFree after", "reported dropped",
-           "program"),
+          ("mode", "queued before", "cuCtxSynchronize", "cuMemFree after",
+           "reported kept for teardown", "program"),
           [("cudefer", r.get("queued", "-"), r.get("sync_rc", "-"), r.get("after_rc", "-"),
             dropped if d else "-", run)])
     fault_rc = "CUDA_ERROR_ILLEGAL_ADDRESS"
     ok = (bool(r) and run == "ok" and r.get("sync_rc") == fault_rc and
           r.get("after_rc") == fault_rc and queued >= 1 and dropped >= queued)
     summary.add("faults", ok, "cuCtxSynchronize %s, cuMemFree after it %s; %s queued, %d "
-                "reported dropped; program %s" % (
+                "reported kept for teardown; program %s" % (
                     r.get("sync_rc", "no result"), r.get("after_rc", "-"),
                     r.get("queued", "-"), dropped, run))
 
@@ -864,13 +867,15 @@ def report_sticky(res, summary):
         run = res.run_status("sticky", mode, "sticky")
         problems = []
         if r:
-            if r.get("register_again_rc") != "CUDA_SUCCESS":
-                problems.append("registering again: %s" % r.get("register_again_rc"))
+            # On the H200 a fault leaves the process unable to make a new
+            # context (CUDA_ERROR_ILLEGAL_ADDRESS): the registration again is
+            # then not tried, the same way in both modes.
             if r.get("fault") != "1" and not simulated(r):
                 problems.append("no fault")
             if mode == "shim" and n:
                 problems += ["%s %s (driver: %s)" % (k, r.get(k), n.get(k))
-                             for k in ("destroy_rc", "unregister_again_rc", "destroy_again_rc")
+                             for k in ("fault_rc", "destroy_rc", "again_rc", "register_again_rc",
+                                       "unregister_again_rc", "destroy_again_rc")
                              if r.get(k) != n.get(k)]
         v = verdict_of(problems, r, run, simulated(r))
         if mode == "shim":
@@ -937,6 +942,145 @@ def report_quiet(res, summary):
         add_verdicts(summary, "quiet", counted, numbers)
 
 
+# ---- libs: CUDA libraries' handle and plan destruction (informational) -------
+
+LIBS_IDS = ("cublas", "cublaslt", "cufft", "curand", "cusparse", "cusolver", "cudnn",
+            "cudnn-backend", "nccl")
+LIBS_MODES = ("none", "shim")
+LIBS_MEASURED = ("teardown", "probe")
+# A call that blocked longer than this waited for the 1 s kernel (a call
+# starts at most 200 ms into it: tests/gpu/libs/libs.h).
+LIBS_WAITED_MS = 100.0
+
+
+def libs_measured(res, lib, mode):
+    """The rows of lib's run in mode that timed a call."""
+    return [r for r in res.of("libs", mode=mode, id=lib) if r.get("stage") in LIBS_MEASURED]
+
+
+def libs_why_not(res, lib, mode):
+    """Why lib's run in mode timed nothing: its setup line, or how the run ended."""
+    setup = [r for r in res.of("libs", mode=mode, id=lib) if r.get("stage") == "setup"]
+    if not setup:
+        return "program: " + res.run_status("libs", mode, lib)
+    r = setup[-1]
+    call = r.get("call", "-")
+    return r.get("rc", "?") if call == "-" else "%s %s" % (call, r.get("rc", "?"))
+
+
+def libs_program(res, lib, mode):
+    """'ok' when the run printed its libs_done line and exited 0."""
+    run = res.run_status("libs", mode, lib)
+    if run == "ok" and not res.one("libs_done", mode=mode, id=lib):
+        return "no libs_done line"
+    return run
+
+
+def libs_call_rows(res, lib, calls, problems, waited):
+    """A row per call: the driver alone, then with cudefer; what differs
+    between the two goes into problems, the calls that still waited with
+    cudefer into waited."""
+    rows = []
+    for call in calls:
+        n = next((r for r in reversed(libs_measured(res, lib, "none")) if r.get("call") == call),
+                 None)
+        s = next((r for r in reversed(libs_measured(res, lib, "shim")) if r.get("call") == call),
+                 None)
+        notes = []
+        if (n or s).get("stage") == "probe":
+            notes.append("probe, not a library call")
+        if n is None or s is None:
+            problems.append("%s ran %s only" % (call, "with cudefer" if n is None else
+                                                "without cudefer"))
+        elif n.get("rc") != s.get("rc"):
+            problems.append("%s: rc %s without cudefer, %s with" % (call, n.get("rc"),
+                                                                   s.get("rc")))
+        for r, who in ((n, "without cudefer"), (s, "with cudefer")):
+            if r and r.get("spin_before") != "1" and not simulated(r):
+                problems.append("%s: the kernel was not running %s" % (call, who))
+                notes.append("kernel not running (%s)" % who)
+        if s and num(s, "caller_ms", 0.0) >= LIBS_WAITED_MS:
+            waited.append(call)
+        rc = (n or s).get("rc", "-") if not (n and s) or n.get("rc") == s.get("rc") else \
+            "%s / %s" % (n.get("rc"), s.get("rc"))
+        rows.append((lib, call, fmt_ms(num(n, "caller_ms")) if n else "-",
+                     fmt_ms(num(n, "launch_ms")) if n else "-",
+                     fmt_ms(num(s, "caller_ms")) if s else "-",
+                     fmt_ms(num(s, "launch_ms")) if s else "-", rc, "; ".join(notes)))
+    return rows
+
+
+def report_libs(res, summary):
+    """Informational: how long each library's destruction blocked its caller
+    and another thread's launch, without and with cudefer. PASS when every
+    library ran every call in both modes with the same codes; PARTIAL when
+    some library could not be built, loaded or set up, in both modes alike;
+    FAIL when the two modes differ (a call or a program that ran only
+    without cudefer, another code, a kernel that was not running)."""
+    rows, unavailable, failed, waited, measured = [], [], [], [], []
+    alone = {m: [num(r, "launch_ms") for r in res.of("libs", mode=m)
+                 if r.get("stage") == "baseline" and num(r, "launch_ms") is not None]
+             for m in LIBS_MODES}
+    rows.append(("(none)", "nothing called: the launch alone (median of the programs)", "-",
+                 fmt_ms(statistics.median(alone["none"])) if alone["none"] else "-", "-",
+                 fmt_ms(statistics.median(alone["shim"])) if alone["shim"] else "-", "-", ""))
+    for lib in LIBS_IDS:
+        calls = []
+        for mode in LIBS_MODES:
+            for r in libs_measured(res, lib, mode):
+                if r.get("call") not in calls:
+                    calls.append(r.get("call"))
+        why = {m: libs_why_not(res, lib, m) for m in LIBS_MODES}
+        if not calls:
+            same = why["none"] == why["shim"]
+            rows.append((lib, "-", "-", "-", "-", "-", "-", "not measured: %s" % (
+                why["none"] if same else "%s without cudefer, %s with" % (why["none"],
+                                                                          why["shim"]))))
+            if same:
+                unavailable.append("%s (%s)" % (lib, why["none"]))
+            else:
+                failed.append("%s (set-up: %s without cudefer, %s with)" % (
+                    lib, why["none"], why["shim"]))
+            continue
+        problems = []
+        rows += libs_call_rows(res, lib, calls, problems, waited)
+        if all(libs_measured(res, lib, m) for m in LIBS_MODES):
+            measured.append(lib)
+        program = {m: libs_program(res, lib, m) for m in LIBS_MODES}
+        if program["shim"] != "ok" and program["none"] == "ok":
+            problems.append("program with cudefer: " + program["shim"])
+        if problems:
+            failed.append("%s (%s)" % (lib, "; ".join(problems)))
+    table("libs: ms a library's destruction blocked its caller / another thread's launch, "
+          "under a 1 s kernel on another stream",
+          ("library", "call", "alone: caller ms", "alone: launch ms", "cudefer: caller ms",
+           "cudefer: launch ms", "rc", "note"), rows)
+
+    build_rows = []
+    for lib in LIBS_IDS:
+        b = res.one("libs_build", id="cudnn" if lib == "cudnn-backend" else lib) or {}
+        info = res.one("libs_info", mode="none", id=lib) or res.one("libs_info", id=lib) or {}
+        build_rows.append((lib, b.get("status", "-"), b.get("from", "-"), info.get("version", "-"),
+                           libs_program(res, lib, "none"), libs_program(res, lib, "shim")))
+    table("libs: builds, versions and programs",
+          ("library", "build", "library file", "version", "program (alone)",
+           "program (cudefer)"), build_rows)
+
+    numbers = "%d/%d libraries measured in both modes; with cudefer still waiting " \
+              "(caller >= %.0f ms): %s" % (len(measured), len(LIBS_IDS), LIBS_WAITED_MS,
+                                            names(waited, 4) or "none")
+    if unavailable:
+        numbers += "; unavailable: " + names(unavailable, 9)
+    if failed:
+        numbers += "; differs: " + names(failed, 4)
+    if simulated(*res.of("libs")):
+        summary.add("libs", True, numbers + " (test driver: kernels simulated)", "SIMULATED")
+    elif failed:
+        summary.add("libs", False, numbers)
+    else:
+        summary.add("libs", True, numbers, "PARTIAL" if unavailable else None)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -946,7 +1090,7 @@ def main():
                  report_deadlock, report_oom, report_conform, report_capture,
                  report_registered, report_hidden_wait, report_teardown_race,
                  report_oom_concurrent, report_capture_ptsz, report_green,
-                 report_primary_unseen, report_sticky, report_quiet):
+                 report_primary_unseen, report_sticky, report_quiet, report_libs):
         try:
             step(res, summary)
         except Exception as e:  # one broken table must not hide the others
