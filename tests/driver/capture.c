@@ -2,8 +2,9 @@
  * invalidate a capture in progress.
  *
  * Work queued on a capturing stream is recorded (counted as graph nodes)
- * and never runs; the graphs cannot be launched (cuGraphLaunch is not
- * part of the test driver). Invalidation rules, after the real driver
+ * and never runs. A graph can be instantiated (cuGraphInstantiateWithFlags)
+ * and the executable graph destroyed, but not launched (cuGraphLaunch is
+ * not part of the test driver). Invalidation rules, after the real driver
  * (cuda.h and DESIGN.md section 2):
  *  - "potentially unsafe" calls (synchronisations, queries, allocations,
  *    releases, module and array create/destroy) from a thread whose mode
@@ -320,5 +321,47 @@ TD_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
         if (c->graph == (struct td_graph *)g)
             return td_leave(CUDA_ERROR_ILLEGAL_STATE);
     g->released = true;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ */
+/* Executable graphs                                                   */
+
+/* cuGraphInstantiateWithFlags: an executable graph of the current context
+ * (CUDA_ERROR_INVALID_CONTEXT without one). The flags it accepts are those
+ * cuda.h lists for it; CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD belongs to
+ * cuGraphInstantiateWithParams (CUDA_ERROR_INVALID_VALUE here). Does not
+ * wait. */
+TD_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                               unsigned long long flags)
+{
+    TD_COUNT(cuGraphInstantiateWithFlags);
+    const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    struct td_obj *g;
+    struct td_ctx *c;
+    CUresult rc = td_enter_obj(hGraph, TD_OBJ_GRAPH, phGraphExec && hGraph && !(flags & ~known),
+                               &g);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_graph_exec *e = td_xcalloc(1, sizeof *e);
+    td_obj_register(&e->h, TD_OBJ_GRAPH_EXEC, td_ctx_root(c));
+    e->nodes = ((struct td_graph *)g)->nodes;
+    *phGraphExec = (CUgraphExec)e;
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* cuGraphExecDestroy: does not wait (nothing of it can be running). */
+TD_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    TD_COUNT(cuGraphExecDestroy);
+    struct td_obj *e;
+    CUresult rc = td_enter_obj(hGraphExec, TD_OBJ_GRAPH_EXEC, hGraphExec != NULL, &e);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    e->released = true;
     return td_leave(CUDA_SUCCESS);
 }

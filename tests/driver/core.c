@@ -96,12 +96,25 @@ __attribute__((constructor)) static void td_core_ctor(void)
  * when its library is finalised; calls made after that (from other
  * libraries' destructors, say) get CUDA_ERROR_DEINITIALIZED and the first
  * one is reported on stderr. Worker threads are left alone (they hold no
- * resources that outlive the process). */
-__attribute__((destructor)) static void td_core_dtor(void)
+ * resources that outlive the process). With TESTDRIVER_EXIT=atexit the
+ * teardown is an exit handler that cuInit registers (td_exit_handler_install),
+ * so that exit handlers the program registered before it run after the
+ * teardown, as CUDA programs whose static objects outlive the driver see. */
+static void td_deinit(void)
 {
     pthread_mutex_lock(&td.mu);
     td.deinitialized = true;
     pthread_mutex_unlock(&td.mu);
+}
+
+__attribute__((destructor)) static void td_core_dtor(void)
+{
+    td_deinit();
+}
+
+void td_exit_handler_install(void)
+{
+    atexit(td_deinit);
 }
 
 /* ------------------------------------------------------------------ */

@@ -51,6 +51,8 @@ void td_config_ensure(void)
     td.ndevices = env_int("TESTDRIVER_DEVICES", 1, 0, 64);
     td.cap_total[TD_CAP_DEVICE] = env_bytes("TESTDRIVER_DEVICE_BYTES", GIB);
     td.cap_total[TD_CAP_HOST] = env_bytes("TESTDRIVER_HOST_BYTES", GIB);
+    const char *exit_mode = getenv("TESTDRIVER_EXIT");
+    td.exit_handler = exit_mode && strcmp(exit_mode, "atexit") == 0;
 }
 
 /* Creates the per-device primary context records (inactive). */
@@ -81,6 +83,8 @@ TD_EXPORT CUresult cuInit(unsigned int Flags)
         primaries_init();
         td_pools_init();
         td.initialized = true;
+        if (td.exit_handler)
+            td_exit_handler_install();
     }
     return td_leave(CUDA_SUCCESS);
 }

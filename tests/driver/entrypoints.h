@@ -112,8 +112,12 @@ TD_EP(cuLibraryGetModule)
 TD_EP(cuKernelGetFunction)
 TD_EP(cuLaunchKernel)
 TD_EP(cuLaunchKernel_ptsz)
+TD_EP(cuLaunchKernelEx)
+TD_EP(cuLaunchKernelEx_ptsz)
+TD_EP(cuLaunchCooperativeKernel)
+TD_EP(cuLaunchCooperativeKernel_ptsz)
 
-/* Classic memory (memory.c) */
+/* Classic memory, IPC handles (memory.c) */
 TD_EP(cuMemAlloc)
 TD_EP(cuMemAlloc_v2)
 TD_EP(cuMemAllocPitch)
@@ -146,6 +150,10 @@ TD_EP(cuMemcpyDtoH_v2_ptds)
 TD_EP(cuMemsetD8)
 TD_EP(cuMemsetD8_v2)
 TD_EP(cuMemsetD8_v2_ptds)
+TD_EP(cuIpcGetMemHandle)
+TD_EP(cuIpcOpenMemHandle)
+TD_EP(cuIpcOpenMemHandle_v2)
+TD_EP(cuIpcCloseMemHandle)
 
 /* Stream-ordered memory, pools, VMM (pools.c) */
 TD_EP(cuMemAllocAsync)
@@ -171,7 +179,7 @@ TD_EP(cuMipmappedArrayCreate)
 TD_EP(cuArrayDestroy)
 TD_EP(cuMipmappedArrayDestroy)
 
-/* Stream capture (capture.c) */
+/* Stream capture, graphs (capture.c) */
 TD_EP(cuStreamBeginCapture)
 TD_EP(cuStreamBeginCapture_ptsz)
 TD_EP(cuStreamBeginCapture_v2)
@@ -184,6 +192,8 @@ TD_EP(cuStreamIsCapturing)
 TD_EP(cuStreamIsCapturing_ptsz)
 TD_EP(cuThreadExchangeStreamCaptureMode)
 TD_EP(cuGraphDestroy)
+TD_EP(cuGraphInstantiateWithFlags)
+TD_EP(cuGraphExecDestroy)
 
 /* Entry points (procaddr.c) */
 TD_EP(cuGetProcAddress)

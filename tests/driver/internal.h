@@ -77,6 +77,7 @@ enum td_objkind {
     TD_OBJ_MIPMAP,
     TD_OBJ_POOL,
     TD_OBJ_GRAPH,
+    TD_OBJ_GRAPH_EXEC,
     TD_OBJ_VMM,
     TD_OBJ_GREEN,    /* a CUgreenCtx handle (its CUcontext is a td_ctx) */
     TD_OBJ_RESDESC,  /* a CUdevResourceDesc */
@@ -183,6 +184,13 @@ struct td_graph {
     size_t nodes;
 };
 
+/* An executable graph (cuGraphInstantiateWithFlags): a copy of its graph's
+ * node count, owned by the context current at instantiation. */
+struct td_graph_exec {
+    struct td_obj h;
+    size_t nodes;
+};
+
 /* A CUgreenCtx: a handle of its own (h.ctx NULL); cuCtxFromGreenCtx gives
  * ctx, the same td_ctx for its whole life. */
 struct td_green {
@@ -278,6 +286,12 @@ struct td_alloc {
     bool torn;                 /* its context died while a release waited */
     bool linked;               /* in the live registry */
     uint64_t id;
+    /* Opened by cuIpcOpenMemHandle_v2: another process's memory, mapped
+     * here (no capacity of this process); cuIpcCloseMemHandle unmaps it
+     * when its opens are all closed. */
+    bool imported;
+    unsigned ipc_opens;
+    uint64_t ipc_pid, ipc_id;  /* the exporter and its allocation's id */
 };
 
 /* ------------------------------------------------------------------ */
@@ -290,6 +304,7 @@ struct td_state {
     bool forked;               /* child of an initialised process: poisoned */
     bool deinitialized;        /* torn down at process exit */
     bool deinit_reported;
+    bool exit_handler;         /* TESTDRIVER_EXIT=atexit */
     int version;               /* cuDriverGetVersion */
     int ndevices;
     size_t cap_total[TD_CAP_COUNT];
@@ -338,6 +353,11 @@ CUresult td_enter_any(void);
  * CUDA_ERROR_INVALID_VALUE. Like td_enter (and every td_enter_* helper):
  * CUDA_SUCCESS with td.mu held, or an error without it. */
 CUresult td_enter_args(bool args_ok);
+
+/* Registers the exit-time teardown as an exit handler (cuInit, with
+ * TESTDRIVER_EXIT=atexit); without it the teardown runs when the library
+ * is finalised. */
+void td_exit_handler_install(void);
 
 /* Drops td.mu and returns rc (for `return td_leave(rc);`). */
 CUresult td_leave(CUresult rc);

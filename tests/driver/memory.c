@@ -1,6 +1,7 @@
 /* memory.c - the allocation registry and the classic memory API:
  * cuMemAlloc*, cuMemFree*, pinned host memory, managed memory,
- * registrations, pointer queries, synchronous copies and memset.
+ * registrations, pointer queries, synchronous copies and memset, and the
+ * interprocess handles of cuMemAlloc memory (cuIpc*MemHandle).
  *
  * Device memory has no backing: its addresses come from a PROT_NONE
  * reservation (unique, never reused, a host dereference crashes). The
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define PAGE ((size_t)4096)
 
@@ -218,11 +220,18 @@ void td_alloc_unlink(struct td_alloc *a)
         quarantine_add((void *)a->base, round_up(a->span, PAGE));
 }
 
+/* Gives a's bytes back to its capacity (an imported mapping took none). */
+static void alloc_give_cap(struct td_alloc *a)
+{
+    if (!a->imported)
+        td_cap_give(a->cap, a->size);
+}
+
 /* td_alloc_unlink, gives its capacity back, frees the record. */
 static void alloc_destroy(struct td_alloc *a)
 {
     td_alloc_unlink(a);
-    td_cap_give(a->cap, a->size);
+    alloc_give_cap(a);
     free(a);
 }
 
@@ -281,7 +290,7 @@ void td_mem_teardown_ctx(struct td_ctx *ctx)
             continue;
         graveyard_add(a->base, a->size);
         td_alloc_unlink(a);
-        td_cap_give(a->cap, a->size);
+        alloc_give_cap(a);
         if (a->busy)
             a->torn = true; /* its pending release frees the record */
         else
@@ -532,12 +541,14 @@ static CUresult release_at(uintptr_t p, bool (*takes)(const struct td_alloc *a))
     return td_leave(release_wait_and_free(a, c));
 }
 
-/* cuMemFree* takes device, pool or managed memory (not host pool memory),
- * by its base address; no current context needed (see td_enter_release). */
+/* cuMemFree* takes device, pool or managed memory (not host pool memory,
+ * nor another process's memory opened by cuIpcOpenMemHandle_v2, which only
+ * cuIpcCloseMemHandle unmaps: a guess, not measured), by its base address;
+ * no current context needed (see td_enter_release). */
 static bool mem_free_takes(const struct td_alloc *a)
 {
     return (a->kind == TESTDRV_DEVICE || a->kind == TESTDRV_MANAGED) &&
-           !(a->pool && a->pool->kind == TESTDRV_HOST);
+           !(a->pool && a->pool->kind == TESTDRV_HOST) && !a->imported;
 }
 
 TD_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -981,4 +992,140 @@ TD_EXPORT CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
 {
     TD_COUNT(cuMemsetD8);
     return memset_d8((uintptr_t)dstDevice, uc, N, false);
+}
+
+/* ------------------------------------------------------------------ */
+/* Interprocess memory handles                                         */
+
+#define IPC_MAGIC "tdipc01"
+
+/* What a CUipcMemHandle of this driver holds: the exporting process and
+ * its allocation (ids are never reused, so a handle names one allocation,
+ * as the real driver's do even when an address comes back). */
+struct ipc_handle {
+    char magic[8];
+    uint64_t pid;
+    uint64_t id;
+    uint64_t size;
+    uint64_t dev;
+};
+
+_Static_assert(sizeof(struct ipc_handle) <= sizeof(((CUipcMemHandle *)0)->reserved),
+               "an IPC handle holds 64 bytes");
+
+/* cuIpcGetMemHandle: dptr must be the base of a live cuMemAlloc*
+ * allocation of the current context (root): anything else - inside one,
+ * pool, managed or pinned memory, another context's memory, memory opened
+ * from another process, freed memory - is CUDA_ERROR_INVALID_VALUE. The
+ * same allocation always gives the same handle. Does not wait. */
+TD_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    TD_COUNT(cuIpcGetMemHandle);
+    struct td_ctx *c;
+    CUresult rc = td_enter_args(pHandle != NULL);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_at((uintptr_t)dptr);
+    if (!a)
+        return td_leave(unknown_pointer((uintptr_t)dptr, CUDA_ERROR_INVALID_VALUE));
+    if (a->kind != TESTDRV_DEVICE || a->pool || a->imported || a->busy ||
+        a->ctx != td_ctx_root(c))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    struct ipc_handle h = { .pid = (uint64_t)getpid(), .id = a->id, .size = a->size,
+                            .dev = (uint64_t)a->ctx->dev };
+    memcpy(h.magic, IPC_MAGIC, sizeof h.magic);
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &h, sizeof h);
+    return td_leave(CUDA_SUCCESS);
+}
+
+/* The mapping of handle h already open in ctx, or NULL. */
+static struct td_alloc *ipc_open_mapping(const struct ipc_handle *h, struct td_ctx *ctx)
+{
+    for (size_t i = 0; i < reg_n; i++)
+        if (reg[i]->imported && reg[i]->ctx == ctx && reg[i]->ipc_pid == h->pid &&
+            reg[i]->ipc_id == h->id)
+            return reg[i];
+    return NULL;
+}
+
+/* cuIpcOpenMemHandle_v2: maps another process's allocation into the
+ * current context at a fresh address (no contents, like all device
+ * memory here); opening it again in that context gives the same address
+ * and one more reference. A handle this process exported is refused with
+ * CUDA_ERROR_INVALID_CONTEXT ("invalid device context", as reported from
+ * the real driver by openucx/ucx#11603; not measured here); bytes that
+ * are no handle of this driver are CUDA_ERROR_INVALID_VALUE (a guess).
+ * Whether the exporter still lives is not checked. Does not wait. */
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    struct td_ctx *c;
+    CUresult rc = td_enter_args(pdptr && !(Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct ipc_handle h;
+    memcpy(&h, handle.reserved, sizeof h);
+    if (memcmp(h.magic, IPC_MAGIC, sizeof h.magic) != 0 || h.size == 0 ||
+        h.dev >= (uint64_t)td.ndevices)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (h.pid == (uint64_t)getpid())
+        return td_leave(CUDA_ERROR_INVALID_CONTEXT);
+    struct td_ctx *root = td_ctx_root(c);
+    struct td_alloc *a = ipc_open_mapping(&h, root);
+    if (!a) {
+        uintptr_t base = td_va_reserve(h.size, false);
+        if (!base)
+            return td_leave(CUDA_ERROR_MAP_FAILED);
+        a = td_alloc_add(base, h.size, h.size, TESTDRV_DEVICE, TD_CAP_DEVICE, root);
+        a->owned = true; /* the context's destruction unmaps it */
+        a->imported = true;
+        a->ipc_pid = h.pid;
+        a->ipc_id = h.id;
+    }
+    a->ipc_opens++;
+    *pdptr = (CUdeviceptr)a->base;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                         unsigned int Flags)
+{
+    TD_COUNT(cuIpcOpenMemHandle_v2);
+    return ipc_open(pdptr, handle, Flags);
+}
+
+/* The name of drivers before 11.0, the same call. */
+TD_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                      unsigned int Flags)
+{
+    TD_COUNT(cuIpcOpenMemHandle);
+    return ipc_open(pdptr, handle, Flags);
+}
+
+/* cuIpcCloseMemHandle: one reference of a mapping cuIpcOpenMemHandle_v2
+ * made, unmapped with its last; anything else is CUDA_ERROR_INVALID_VALUE.
+ * Needs a current context (without one: CUDA_ERROR_INVALID_CONTEXT, as
+ * reported by openucx/ucx#10618). Does not wait (a guess: the exporter's
+ * memory is not freed by it). */
+TD_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    TD_COUNT(cuIpcCloseMemHandle);
+    struct td_ctx *c;
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_alloc *a = td_alloc_at((uintptr_t)dptr);
+    if (!a)
+        return td_leave(unknown_pointer((uintptr_t)dptr, CUDA_ERROR_INVALID_VALUE));
+    if (!a->imported)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (--a->ipc_opens == 0)
+        alloc_destroy(a);
+    return td_leave(CUDA_SUCCESS);
 }

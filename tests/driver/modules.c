@@ -1,4 +1,5 @@
-/* modules.c - modules, libraries, kernels and cuLaunchKernel.
+/* modules.c - modules, libraries, kernels and the launches (cuLaunchKernel,
+ * cuLaunchKernelEx, cuLaunchCooperativeKernel and their _ptsz twins).
  *
  * Images are not parsed: any non-NULL image (or file name) loads, and any
  * function name resolves. A function is a no-op kernel of 10 us.
@@ -339,8 +340,22 @@ static CUresult launch_function(CUfunction h, struct td_function **out)
     return rc;
 }
 
+/* Blocks of a cooperative grid that can all be resident at once: an
+ * H200's limits for a kernel using no shared memory and few registers
+ * (32 blocks and 2048 threads per SM). */
+static uint64_t cooperative_blocks_max(unsigned threads_per_block)
+{
+    uint64_t per_sm = 2048u / threads_per_block;
+    return (uint64_t)TD_SM_COUNT * (per_sm < 32 ? per_sm : 32);
+}
+
+/* Every launch call: resolves the function, checks the dimensions (a
+ * cooperative grid must fit on the device at once:
+ * CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), then runs a 10 us no-op kernel
+ * on hs, as cuLaunchKernel does. */
 static CUresult launch_kernel(CUfunction h, unsigned gx, unsigned gy, unsigned gz,
-                              unsigned bx, unsigned by, unsigned bz, CUstream hs, bool ptsz)
+                              unsigned bx, unsigned by, unsigned bz, CUstream hs, bool ptsz,
+                              bool cooperative)
 {
     CUresult rc = td_enter();
     if (rc != CUDA_SUCCESS)
@@ -350,6 +365,8 @@ static CUresult launch_kernel(CUfunction h, unsigned gx, unsigned gy, unsigned g
         return td_leave(rc);
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (cooperative && (uint64_t)gx * gy * gz > cooperative_blocks_max(bx * by * bz))
+        return td_leave(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     struct td_op *op = td_op_new(TD_OP_KERNEL);
     op->u.kernel.usec = LAUNCH_USEC;
     return td_leave(td_launch_op(hs, ptsz, f->h.ctx, op));
@@ -364,7 +381,7 @@ TD_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
     TD_COUNT(cuLaunchKernel);
     (void)sharedMemBytes, (void)kernelParams, (void)extra;
     return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                         hStream, false);
+                         hStream, false, false);
 }
 
 TD_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -376,5 +393,58 @@ TD_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
     TD_COUNT(cuLaunchKernel_ptsz);
     (void)sharedMemBytes, (void)kernelParams, (void)extra;
     return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                         hStream, true);
+                         hStream, true, false);
+}
+
+/* cuLaunchKernelEx: the launch that config describes, on config->hStream;
+ * its attributes are accepted and ignored (a NULL list with a count is
+ * CUDA_ERROR_INVALID_VALUE). */
+static CUresult launch_kernel_ex(const CUlaunchConfig *config, CUfunction f, bool ptsz)
+{
+    if (!config || (config->numAttrs && !config->attrs))
+        return td_enter_args(false); /* the driver's state first, then the arguments */
+    return launch_kernel(f, config->gridDimX, config->gridDimY, config->gridDimZ,
+                         config->blockDimX, config->blockDimY, config->blockDimZ,
+                         config->hStream, ptsz, false);
+}
+
+TD_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                    void **kernelParams, void **extra)
+{
+    TD_COUNT(cuLaunchKernelEx);
+    (void)kernelParams, (void)extra;
+    return launch_kernel_ex(config, f, false);
+}
+
+TD_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                         void **kernelParams, void **extra)
+{
+    TD_COUNT(cuLaunchKernelEx_ptsz);
+    (void)kernelParams, (void)extra;
+    return launch_kernel_ex(config, f, true);
+}
+
+TD_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                             unsigned int gridDimY, unsigned int gridDimZ,
+                                             unsigned int blockDimX, unsigned int blockDimY,
+                                             unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                             CUstream hStream, void **kernelParams)
+{
+    TD_COUNT(cuLaunchCooperativeKernel);
+    (void)sharedMemBytes, (void)kernelParams;
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         hStream, false, true);
+}
+
+TD_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                                  unsigned int gridDimY, unsigned int gridDimZ,
+                                                  unsigned int blockDimX, unsigned int blockDimY,
+                                                  unsigned int blockDimZ,
+                                                  unsigned int sharedMemBytes, CUstream hStream,
+                                                  void **kernelParams)
+{
+    TD_COUNT(cuLaunchCooperativeKernel_ptsz);
+    (void)sharedMemBytes, (void)kernelParams;
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         hStream, true, true);
 }

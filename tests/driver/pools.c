@@ -302,8 +302,8 @@ static CUresult free_async_check(uintptr_t p, CUstream h, bool ptsz, struct td_s
     }
     if (a->kind == TESTDRV_MANAGED && !a->pool)
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (a->busy || (!a->pool && a->kind != TESTDRV_DEVICE))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (a->busy || a->imported || (!a->pool && a->kind != TESTDRV_DEVICE))
+        return CUDA_ERROR_INVALID_VALUE; /* imported: as for cuMemFree (memory.c) */
     *out = a;
     return CUDA_SUCCESS;
 }

@@ -130,6 +130,10 @@ static const struct proc_entry table[] = {
     D(cuKernelGetFunction, 12000, cuKernelGetFunction)
     D(cuLaunchKernel, 4000, cuLaunchKernel)
     P(cuLaunchKernel, 7000, cuLaunchKernel_ptsz)
+    D(cuLaunchKernelEx, 11060, cuLaunchKernelEx)
+    P(cuLaunchKernelEx, 11060, cuLaunchKernelEx_ptsz)
+    D(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel)
+    P(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel_ptsz)
 
     D(cuMemAlloc, 2000, cuMemAlloc)
     D(cuMemAlloc, 3020, cuMemAlloc_v2)
@@ -163,6 +167,10 @@ static const struct proc_entry table[] = {
     D(cuMemsetD8, 2000, cuMemsetD8)
     D(cuMemsetD8, 3020, cuMemsetD8_v2)
     P(cuMemsetD8, 7000, cuMemsetD8_v2_ptds)
+    D(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)
+    D(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle)
+    D(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2)
+    D(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle)
 
     D(cuMemAllocAsync, 11020, cuMemAllocAsync)
     P(cuMemAllocAsync, 11020, cuMemAllocAsync_ptsz)
@@ -198,6 +206,8 @@ static const struct proc_entry table[] = {
     P(cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz)
     D(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode)
     D(cuGraphDestroy, 10000, cuGraphDestroy)
+    D(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags)
+    D(cuGraphExecDestroy, 10000, cuGraphExecDestroy)
 
     D(cuGetProcAddress, 11030, cuGetProcAddress)
     D(cuGetProcAddress, 12000, cuGetProcAddress_v2)

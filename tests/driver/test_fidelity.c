@@ -11,10 +11,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "testdriver.h"
 
@@ -1677,4 +1680,370 @@ Test(alloc_cost, allocations_take_the_set_time_without_waiting, .timeout = 10)
     cr_assert_lt(now_ns() - t0, 50 * MS);
     CU_OK(cuMemHostUnregister(reg));
     free(reg);
+}
+
+/* ------------------------------------------------------------------ */
+/* 16. Launches, graphs and IPC handles that cudefer wraps              */
+
+/* A function of a library loaded into the current context. */
+static CUfunction library_function(void)
+{
+    static const char image[] = "not a cubin";
+    CUlibrary lib;
+    CUkernel k;
+    CUfunction f;
+    CU_OK(cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
+    CU_OK(cuLibraryGetKernel(&k, lib, "k"));
+    CU_OK(cuKernelGetFunction(&f, k));
+    return f;
+}
+
+/* cuLaunchKernelEx runs on config->hStream and cuLaunchCooperativeKernel on
+ * its stream, with the stream handles resolved as for cuLaunchKernel: with a
+ * blocking stream capturing, the legacy stream is refused
+ * (STREAM_CAPTURE_IMPLICIT) and the _ptsz twins' stream 0 (the per-thread
+ * stream) is not. */
+Test(launches, ex_and_cooperative_use_their_stream, .timeout = 10)
+{
+    ctx_setup();
+    CUfunction f = library_function();
+    CUstream s = stream_new(CU_STREAM_DEFAULT);
+    CUlaunchConfig cfg = { .gridDimX = 4, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+                           .blockDimY = 1, .blockDimZ = 1, .hStream = s };
+    const char *names[] = { "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+                            "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz" };
+    uint64_t calls[4];
+    for (int i = 0; i < 4; i++)
+        calls[i] = testdrv_calls(names[i]);
+
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_OK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
+    CU_OK(cuLaunchCooperativeKernel(f, 4, 1, 1, 32, 1, 1, 0, s, NULL));
+    /* The per-thread twins, as a program built with per-thread default
+     * streams gets them. */
+    const cuuint64_t pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    CUresult (*ex_ptsz)(const CUlaunchConfig *, CUfunction, void **, void **) =
+        (CUresult (*)(const CUlaunchConfig *, CUfunction, void **, void **))
+            proc("cuLaunchKernelEx", 13000, pt);
+    CUresult (*coop_ptsz)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                          unsigned, CUstream, void **) =
+        (CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      unsigned, CUstream, void **))proc("cuLaunchCooperativeKernel", 13000, pt);
+    cfg.hStream = NULL;
+    CU_OK(ex_ptsz(&cfg, f, NULL, NULL));
+    CU_OK(coop_ptsz(f, 4, 1, 1, 32, 1, 1, 0, NULL, NULL));
+    CUstreamCaptureStatus st;
+    CU_OK(cuStreamIsCapturing(s, &st));
+    cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE, "the per-thread launches are not legacy");
+    cr_assert_eq(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    cr_assert_eq(cuLaunchCooperativeKernel(f, 4, 1, 1, 32, 1, 1, 0, NULL, NULL),
+                 CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    CUgraph g;
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(testdrv_calls(names[i]), calls[i] + (i % 2 ? 1 : 2), "%s", names[i]);
+
+    /* Outside a capture they run, on any stream. */
+    CU_OK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
+    cfg.hStream = s;
+    CU_OK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
+    CU_OK(cuCtxSynchronize());
+}
+
+Test(launches, ex_and_cooperative_bad_input, .timeout = 10)
+{
+    ctx_setup();
+    CUfunction f = library_function();
+    CUlaunchConfig cfg = { .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                           .blockDimY = 1, .blockDimZ = 1, .numAttrs = 1 };
+    cr_assert_eq(cuLaunchKernelEx(NULL, f, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_ERROR_INVALID_VALUE,
+                 "attributes counted but not given");
+    cfg.numAttrs = 0;
+    cfg.gridDimY = 0;
+    cr_assert_eq(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    cfg.gridDimY = 1;
+    cr_assert_eq(cuLaunchKernelEx(&cfg, NULL, NULL, NULL), CUDA_ERROR_INVALID_HANDLE);
+    CUstream dead = stream_new(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuStreamDestroy(dead));
+    cfg.hStream = dead;
+    cr_assert_eq(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_ERROR_INVALID_HANDLE,
+                 "the config's stream is the one used");
+    /* A cooperative grid must be resident at once: 132 SMs x 2 blocks of
+     * 1024 threads, or 132 x 32 blocks of 32. */
+    CU_OK(cuLaunchCooperativeKernel(f, 264, 1, 1, 1024, 1, 1, 0, NULL, NULL));
+    cr_assert_eq(cuLaunchCooperativeKernel(f, 265, 1, 1, 1024, 1, 1, 0, NULL, NULL),
+                 CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    CU_OK(cuLaunchCooperativeKernel(f, 132 * 32, 1, 1, 32, 1, 1, 0, NULL, NULL));
+    cr_assert_eq(cuLaunchCooperativeKernel(f, 132, 33, 1, 32, 1, 1, 0, NULL, NULL),
+                 CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    CU_OK(cuLaunchKernel(f, 132, 33, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CU_OK(cuCtxSynchronize());
+}
+
+/* A cuMemFree made on a thread of its own. */
+struct freer {
+    CUcontext ctx;
+    CUdeviceptr d;
+    CUresult rc;
+};
+
+static void *free_on_thread(void *arg)
+{
+    struct freer *fr = arg;
+    cuCtxSetCurrent(fr->ctx);
+    fr->rc = cuMemFree(fr->d);
+    return NULL;
+}
+
+/* Like cuLaunchKernel, the new launches stall while a waiting release
+ * holds the context's launch lock. */
+Test(launches, ex_stalls_behind_a_waiting_release, .timeout = 10)
+{
+    struct freer fr = { .ctx = ctx_setup() };
+    CUfunction f = library_function();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING), b = stream_new(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuMemAlloc(&fr.d, MIB));
+    CU_OK(testdrv_launch(a, 300000, 0, 0, TESTDRV_NONE));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, free_on_thread, &fr), 0);
+    sleep_ms(50);
+    CUlaunchConfig cfg = { .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                           .blockDimY = 1, .blockDimZ = 1, .hStream = b };
+    uint64_t b0 = testdrv_thread_blocked_ns();
+    CU_OK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
+    cr_assert_geq(testdrv_thread_blocked_ns() - b0, 150 * MS);
+    pthread_join(t, NULL);
+    CU_OK(fr.rc);
+}
+
+Test(launches, entry_points_resolve, .timeout = 10)
+{
+    void *h = driver_handle();
+    const cuuint64_t pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    cr_assert_eq(proc("cuLaunchKernelEx", 11060, 0), dlsym(h, "cuLaunchKernelEx"));
+    cr_assert_eq(proc("cuLaunchKernelEx", 13000, pt), dlsym(h, "cuLaunchKernelEx_ptsz"));
+    cr_assert_eq(proc("cuLaunchCooperativeKernel", 9000, 0), dlsym(h, "cuLaunchCooperativeKernel"));
+    cr_assert_eq(proc("cuLaunchCooperativeKernel", 13000, pt),
+                 dlsym(h, "cuLaunchCooperativeKernel_ptsz"));
+    cr_assert_eq(proc("cuGraphInstantiateWithFlags", 11040, 0),
+                 dlsym(h, "cuGraphInstantiateWithFlags"));
+    cr_assert_eq(proc("cuGraphExecDestroy", 10000, 0), dlsym(h, "cuGraphExecDestroy"));
+    cr_assert_eq(proc("cuIpcGetMemHandle", 4010, 0), dlsym(h, "cuIpcGetMemHandle"));
+    cr_assert_eq(proc("cuIpcOpenMemHandle", 11000, 0), dlsym(h, "cuIpcOpenMemHandle_v2"));
+    cr_assert_eq(proc("cuIpcCloseMemHandle", 4010, 0), dlsym(h, "cuIpcCloseMemHandle"));
+    void *fn;
+    CUdriverProcAddressQueryResult st;
+    cr_assert_eq(cuGetProcAddress_v2("cuLaunchKernelEx", &fn, 11050, 0, &st),
+                 CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+}
+
+/* A captured graph instantiates into an executable graph of the current
+ * context; instantiation does not wait. */
+Test(graphs, instantiate_a_captured_graph, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUgraph g;
+    CUgraphExec e, e2;
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_OK(testdrv_launch(s, 100, 0, 0, TESTDRV_NONE));
+    CU_OK(cuStreamEndCapture(s, &g));
+    CU_OK(testdrv_launch(stream_new(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    uint64_t w0 = testdrv_thread_wait_calls(), t0 = now_ns();
+    CU_OK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CU_OK(cuGraphInstantiateWithFlags(&e2, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+    cr_assert_lt(now_ns() - t0, 100 * MS);
+    cr_assert_eq(testdrv_thread_wait_calls(), w0);
+    cr_assert_not_null(e);
+    cr_assert_neq(e, e2);
+    cr_assert_eq(cuGraphInstantiateWithFlags(&e, g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD),
+                 CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuGraphInstantiateWithFlags(NULL, g, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuGraphInstantiateWithFlags(&e, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuGraphExecDestroy(e2));
+    cr_assert_eq(cuGraphExecDestroy(e2), CUDA_ERROR_INVALID_HANDLE);
+    CUcontext popped;
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(cuGraphInstantiateWithFlags(&e2, g, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cuCtxPushCurrent(ctx));
+    CU_OK(cuGraphDestroy(g));
+    cr_assert_eq(cuGraphInstantiateWithFlags(&e2, g, 0), CUDA_ERROR_INVALID_HANDLE);
+    /* The executable graph belongs to its context. */
+    CU_OK(cuCtxDestroy(ctx));
+    uint64_t dead = testdrv_dead_context_calls();
+    cr_assert_eq(cuGraphExecDestroy(e), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(testdrv_dead_context_calls(), dead + 1);
+}
+
+/* cuIpcGetMemHandle takes the base of a live cuMemAlloc allocation of the
+ * current context and nothing else; a handle names one allocation. In the
+ * exporting process the handle does not open. None of it waits. */
+Test(ipc, handles_of_live_cuMemAlloc_bases, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUdeviceptr d, managed, pooled, other, p;
+    void *pinned;
+    CUipcMemHandle h1, h2, h3;
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuMemAllocManaged(&managed, MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemAllocHost(&pinned, MIB));
+    CU_OK(cuMemAllocAsync(&pooled, MIB, NULL));
+    CU_OK(testdrv_launch(stream_new(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    uint64_t w0 = testdrv_thread_wait_calls(), t0 = now_ns();
+    CU_OK(cuIpcGetMemHandle(&h1, d));
+    CU_OK(cuIpcGetMemHandle(&h2, d));
+    cr_assert_eq(memcmp(&h1, &h2, sizeof h1), 0, "the same allocation, the same handle");
+    cr_assert_eq(cuIpcGetMemHandle(NULL, d), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcGetMemHandle(&h3, d + 256), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcGetMemHandle(&h3, managed), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcGetMemHandle(&h3, (CUdeviceptr)(uintptr_t)pinned), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcGetMemHandle(&h3, pooled), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcGetMemHandle(&h3, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&p, h1, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                 CUDA_ERROR_INVALID_CONTEXT, "opened in the process that exported it");
+    memset(&h3, 0x5a, sizeof h3);
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&p, h3, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                 CUDA_ERROR_INVALID_VALUE, "not a handle");
+    cr_assert_eq(cuIpcCloseMemHandle(d), CUDA_ERROR_INVALID_VALUE, "not an opened handle");
+    cr_assert_lt(now_ns() - t0, 100 * MS);
+    cr_assert_eq(testdrv_thread_wait_calls(), w0);
+
+    /* No context; another context's memory; freed memory; a new block. */
+    CUcontext popped, second;
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(cuIpcGetMemHandle(&h3, d), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cuCtxCreate(&second, NULL, 0, 0));
+    CU_OK(cuMemAlloc(&other, MIB));
+    CU_OK(cuCtxSetCurrent(ctx));
+    cr_assert_eq(cuIpcGetMemHandle(&h3, other), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuMemFree(d));
+    cr_assert_eq(cuIpcGetMemHandle(&h3, d), CUDA_ERROR_INVALID_VALUE, "freed");
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuIpcGetMemHandle(&h3, d));
+    cr_assert_neq(memcmp(&h1, &h3, sizeof h1), 0, "a new allocation, a new handle");
+    uint64_t calls = testdrv_calls("cuIpcGetMemHandle");
+    cr_assert_geq(calls, 12);
+}
+
+/* A child process exports a block; this process opens it (twice: the
+ * same address, one more reference), cannot cuMemFree it, and closes it
+ * once per open. */
+Test(ipc, another_process_opens_and_closes, .timeout = 10)
+{
+    int to_parent[2], to_child[2];
+    cr_assert_eq(pipe(to_parent), 0);
+    cr_assert_eq(pipe(to_child), 0);
+    pid_t pid = fork(); /* before either process uses the driver */
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        CUcontext c;
+        CUdeviceptr d;
+        CUipcMemHandle h;
+        char done;
+        alarm(10); /* whatever becomes of the parent */
+        close(to_parent[0]);
+        close(to_child[1]);
+        if (cuInit(0) || cuCtxCreate(&c, NULL, 0, 0) || cuMemAlloc(&d, 3 * MIB) ||
+            cuIpcGetMemHandle(&h, d))
+            _exit(1);
+        if (write(to_parent[1], &h, sizeof h) != (ssize_t)sizeof h ||
+            read(to_child[0], &done, 1) != 1)
+            _exit(2);
+        _exit(cuMemFree(d) == CUDA_SUCCESS ? 0 : 3);
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
+    CUipcMemHandle h;
+    cr_assert_eq(read(to_parent[0], &h, sizeof h), (ssize_t)sizeof h);
+    CUcontext ctx = ctx_setup();
+    CUdeviceptr p, q;
+    uint64_t w0 = testdrv_thread_wait_calls();
+    CU_OK(cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    CU_OK(cuIpcOpenMemHandle_v2(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    cr_assert_eq(p, q, "opened again: the same mapping");
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&q, h, 2), CUDA_ERROR_INVALID_VALUE, "unknown flag");
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1);
+    CUdeviceptr base;
+    size_t size;
+    CU_OK(cuMemGetAddressRange(&base, &size, p + 5));
+    cr_assert_eq(base, p);
+    cr_assert_eq(size, 3 * MIB);
+    cr_assert_eq(testdrv_thread_wait_calls(), w0, "IPC calls do not wait");
+    cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "only cuIpcCloseMemHandle unmaps it");
+    w0 = testdrv_thread_wait_calls();
+    CUipcMemHandle again;
+    cr_assert_eq(cuIpcGetMemHandle(&again, p), CUDA_ERROR_INVALID_VALUE, "not exported here");
+    CUcontext popped;
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cuCtxPushCurrent(ctx));
+    CU_OK(cuIpcCloseMemHandle(p));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 1, "one open left");
+    CU_OK(cuIpcCloseMemHandle(p));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(testdrv_thread_wait_calls(), w0, "IPC calls do not wait");
+    /* A context's destruction unmaps what it opened. */
+    CU_OK(cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    CU_OK(cuCtxDestroy(ctx));
+    cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+
+    cr_assert_eq(write(to_child[1], "x", 1), 1);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the exporter failed (%d)", status);
+}
+
+/* ------------------------------------------------------------------ */
+/* 17. The exit-time teardown                                           */
+
+static int exit_pipe = -1;
+
+/* An exit handler the program registered before its first CUDA call. */
+static void report_at_exit(void)
+{
+    CUresult rc = cuCtxSynchronize();
+    if (write(exit_pipe, &rc, sizeof rc) != (ssize_t)sizeof rc)
+        _exit(3);
+}
+
+/* What a handler registered before cuInit gets at exit, in a child. */
+static CUresult at_exit_answer(const char *exit_mode)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        exit_pipe = fds[1];
+        if (!freopen("/dev/null", "w", stderr)) /* the driver's line about it */
+            _exit(4);
+        if (exit_mode)
+            setenv("TESTDRIVER_EXIT", exit_mode, 1);
+        atexit(report_at_exit);
+        CUcontext c;
+        if (cuInit(0) || cuCtxCreate(&c, NULL, 0, 0))
+            _exit(2);
+        exit(0);
+    }
+    close(fds[1]);
+    CUresult rc = CUDA_ERROR_UNKNOWN;
+    cr_assert_eq(read(fds[0], &rc, sizeof rc), (ssize_t)sizeof rc, "the handler did not run");
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    return rc;
+}
+
+/* By default the driver tears itself down when its library is finalised,
+ * after every exit handler; with TESTDRIVER_EXIT=atexit, in an exit
+ * handler of cuInit's, before those registered earlier. */
+Test(exit, teardown_before_handlers_registered_earlier, .timeout = 10)
+{
+    cr_assert_eq(at_exit_answer(NULL), CUDA_SUCCESS);
+    cr_assert_eq(at_exit_answer("atexit"), CUDA_ERROR_DEINITIALIZED);
 }

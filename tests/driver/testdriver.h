@@ -17,6 +17,10 @@
  *   TESTDRIVER_VERSION       value of cuDriverGetVersion (default 13000);
  *                            below 12050 cuCtxRecordEvent does not exist
  *   TESTDRIVER_DEVICES       number of devices (default 1)
+ *   TESTDRIVER_EXIT          "atexit": the exit-time teardown (see the end
+ *                            of this list) is an exit handler registered by
+ *                            cuInit, not the library's finaliser, so exit
+ *                            handlers registered before cuInit run after it
  * (Byte counts accept a k/m/g suffix. The environment is read at the first
  * of cuInit, cuDriverGetVersion and cuGetProcAddress*.)
  *
@@ -110,8 +114,19 @@
  *    CUDA_ERROR_INVALID_CONTEXT; a pointer of one is unknown
  *    (CUDA_ERROR_INVALID_VALUE). All of these count a dead-context call.
  *    Primary contexts keep their handle across release/retain.
- *  - Stream capture records work without running it; graphs cannot be
- *    launched. See capture.c for the invalidation rules.
+ *  - Stream capture records work without running it; a graph can be
+ *    instantiated (cuGraphInstantiateWithFlags, cuGraphExecDestroy) but
+ *    not launched. See capture.c for the invalidation rules.
+ *  - cuLaunchKernelEx runs on config->hStream and cuLaunchCooperativeKernel
+ *    on its stream, like cuLaunchKernel (launch lock, capture, _ptsz).
+ *  - IPC (memory.c): cuIpcGetMemHandle takes only the base of a live
+ *    cuMemAlloc* block of the current context (else
+ *    CUDA_ERROR_INVALID_VALUE); the handle names that allocation. Opened
+ *    in the process that exported it, cuIpcOpenMemHandle_v2 answers
+ *    CUDA_ERROR_INVALID_CONTEXT; in another process it maps a fresh
+ *    device address (counted in testdrv_live(TESTDRV_DEVICE), not against
+ *    capacity) until cuIpcCloseMemHandle closes its last open. None of
+ *    them waits.
  *  - In a process forked from one that initialised the driver, every call
  *    returns CUDA_ERROR_NOT_INITIALIZED (the real driver cannot be used
  *    across fork either). At process exit the driver tears itself down
