@@ -17,7 +17,10 @@
         cr_assert_eq(rc_, CUDA_SUCCESS, "%s returned %d", #call, (int)rc_);   \
     } while (0)
 
-/* Initialises the driver and makes a fresh context current. */
+/* Initialises the driver and makes a fresh context current. Its
+ * synchronisation (a flush point) waits for cudefer's one-time set-up,
+ * which the waiter thread otherwise makes at some moment: the driver's
+ * counts a test reads afterwards are then the program's own. */
 static inline CUcontext test_context(void)
 {
     CUcontext ctx;
@@ -26,6 +29,7 @@ static inline CUcontext test_context(void)
     CU_OK(cuDeviceGet(&dev, 0));
     CU_OK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(cuCtxSynchronize());
     return ctx;
 }
 

@@ -40,9 +40,9 @@ static const char *const dlsym_versions[] = {
 
 /* A dynamic-section address: glibc relocates some entries in place and
  * not others, and on some architectures none. */
-static uintptr_t dyn_addr(const struct dl_phdr_info *info, ElfW(Addr) p)
+static uintptr_t dyn_addr(uintptr_t base, ElfW(Addr) p)
 {
-    return p < info->dlpi_addr ? info->dlpi_addr + p : p;
+    return p < base ? base + p : p;
 }
 
 static bool object_holds(const struct dl_phdr_info *info, uintptr_t addr)
@@ -64,26 +64,31 @@ struct elf_tables {
     const ElfW(Half) *versym;
 };
 
-static bool read_tables(const struct dl_phdr_info *info, struct elf_tables *t)
+/* The tables of the object loaded at base whose dynamic section is dyn. */
+static bool tables_of(uintptr_t base, const ElfW(Dyn) *d, struct elf_tables *t)
 {
     memset(t, 0, sizeof *t);
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        if (info->dlpi_phdr[i].p_type != PT_DYNAMIC)
-            continue;
-        const ElfW(Dyn) *d = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-        for (; d->d_tag != DT_NULL; d++) {
-            uintptr_t p = dyn_addr(info, d->d_un.d_ptr);
-            switch (d->d_tag) {
-            case DT_SYMTAB: t->symtab = (const ElfW(Sym) *)p; break;
-            case DT_STRTAB: t->strtab = (const char *)p; break;
-            case DT_GNU_HASH: t->gnu_hash = (const uint32_t *)p; break;
-            case DT_HASH: t->hash = (const uint32_t *)p; break;
-            case DT_VERSYM: t->versym = (const ElfW(Half) *)p; break;
-            default: break;
-            }
+    for (; d && d->d_tag != DT_NULL; d++) {
+        uintptr_t p = dyn_addr(base, d->d_un.d_ptr);
+        switch (d->d_tag) {
+        case DT_SYMTAB: t->symtab = (const ElfW(Sym) *)p; break;
+        case DT_STRTAB: t->strtab = (const char *)p; break;
+        case DT_GNU_HASH: t->gnu_hash = (const uint32_t *)p; break;
+        case DT_HASH: t->hash = (const uint32_t *)p; break;
+        case DT_VERSYM: t->versym = (const ElfW(Half) *)p; break;
+        default: break;
         }
     }
     return t->symtab && t->strtab && (t->gnu_hash || t->hash);
+}
+
+static bool read_tables(const struct dl_phdr_info *info, struct elf_tables *t)
+{
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            return tables_of(info->dlpi_addr,
+                             (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr), t);
+    return false;
 }
 
 /* Whether symbol i is a defined function named name; *preferred when it is
@@ -94,6 +99,17 @@ static bool symbol_matches(const struct elf_tables *t, uint32_t i, const char *n
     const ElfW(Sym) *s = &t->symtab[i];
     if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC ||
         strcmp(t->strtab + s->st_name, name) != 0)
+        return false;
+    *preferred = !t->versym || !(t->versym[i] & 0x8000);
+    return true;
+}
+
+/* Any defined symbol named name (functions and data), for the lookups made
+ * without glibc's dlsym. */
+static bool defined_as(const struct elf_tables *t, uint32_t i, const char *name, bool *preferred)
+{
+    const ElfW(Sym) *s = &t->symtab[i];
+    if (s->st_shndx == SHN_UNDEF || strcmp(t->strtab + s->st_name, name) != 0)
         return false;
     *preferred = !t->versym || !(t->versym[i] & 0x8000);
     return true;
@@ -120,9 +136,12 @@ static uint32_t elf_hash_of(const char *name)
     return h;
 }
 
-/* The index of the function name in the object's dynamic symbols, the
- * default version first; 0 when it has none. */
-static uint32_t find_symbol(const struct elf_tables *t, const char *name)
+typedef bool (*symbol_test)(const struct elf_tables *t, uint32_t i, const char *name,
+                            bool *preferred);
+
+/* The index of name in the object's dynamic symbols, the default version
+ * first; 0 when it has none that passes test. */
+static uint32_t find_symbol(const struct elf_tables *t, const char *name, symbol_test test)
 {
     uint32_t found = 0;
     bool preferred = false;
@@ -135,7 +154,7 @@ static uint32_t find_symbol(const struct elf_tables *t, const char *name)
         uint32_t h = gnu_hash_of(name);
         for (uint32_t i = buckets[h % nbuckets]; i >= symoffset && i; i++) {
             uint32_t h2 = chain[i - symoffset];
-            if ((h | 1) == (h2 | 1) && symbol_matches(t, i, name, &preferred) &&
+            if ((h | 1) == (h2 | 1) && test(t, i, name, &preferred) &&
                 (!found || preferred))
                 found = i;
             if (h2 & 1)
@@ -146,7 +165,7 @@ static uint32_t find_symbol(const struct elf_tables *t, const char *name)
     uint32_t nbucket = t->hash[0];
     const uint32_t *bucket = &t->hash[2], *chain = bucket + nbucket;
     for (uint32_t i = bucket[elf_hash_of(name) % nbucket]; i; i = chain[i])
-        if (symbol_matches(t, i, name, &preferred) && (!found || preferred))
+        if (test(t, i, name, &preferred) && (!found || preferred))
             found = i;
     return found;
 }
@@ -169,7 +188,7 @@ static int search_object(struct dl_phdr_info *info, size_t size, void *data)
     }
     if (!read_tables(info, &t))
         return 0;
-    uint32_t i = find_symbol(&t, "dlsym");
+    uint32_t i = find_symbol(&t, "dlsym", symbol_matches);
     if (!i)
         return 0;
     void *fn = (void *)(info->dlpi_addr + t.symtab[i].st_value);
@@ -208,6 +227,39 @@ __attribute__((no_sanitize_thread, no_sanitize_address)) static cd_dlsym_fn find
     return dlsym_from_tables();
 }
 
+/* Without glibc's dlsym: name in the object of link map lm, or NULL. */
+static void *lookup_in(const struct link_map *lm, const char *name)
+{
+    struct elf_tables t;
+    if (!lm || !tables_of(lm->l_addr, lm->l_ld, &t))
+        return NULL;
+    uint32_t i = find_symbol(&t, name, defined_as);
+    return i ? (void *)(lm->l_addr + t.symtab[i].st_value) : NULL;
+}
+
+/* Without glibc's dlsym: name in handle's object or one loaded after it
+ * (RTLD_DEFAULT: from the program; RTLD_NEXT: after caller's object). */
+static void *lookup_without_dlsym(void *handle, const char *name, const void *caller)
+{
+    struct link_map *lm = NULL;
+    if (handle == RTLD_NEXT) {
+        Dl_info info;
+        if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+            return NULL;
+        lm = lm->l_next;
+    } else {
+        void *h = handle == RTLD_DEFAULT ? dlopen(NULL, RTLD_LAZY | RTLD_NOLOAD) : handle;
+        if (!h || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0)
+            return NULL;
+    }
+    for (; lm; lm = lm->l_next) {
+        void *fn = lookup_in(lm, name);
+        if (fn)
+            return fn;
+    }
+    return NULL;
+}
+
 static _Atomic bool no_dlsym;
 
 __attribute__((no_sanitize_thread, no_sanitize_address)) cd_dlsym_fn cd_real_dlsym_fn(void)
@@ -223,14 +275,20 @@ __attribute__((no_sanitize_thread, no_sanitize_address)) cd_dlsym_fn cd_real_dls
     }
     if (!atomic_exchange(&no_dlsym, true))
         cd_log_raw("cudefer: error: glibc's dlsym cannot be found (neither by symbol version "
-                   "nor in the loaded libraries): cudefer is disabled and dlsym answers NULL\n");
+                   "nor in the loaded libraries): cudefer is disabled, and dlsym reads the "
+                   "libraries' symbol tables itself\n");
     return NULL;
 }
 
 void *cd_real_dlsym(void *handle, const char *name)
 {
     cd_dlsym_fn fn = cd_real_dlsym_fn();
-    return fn ? fn(handle, name) : NULL;
+    return fn ? fn(handle, name) : lookup_without_dlsym(handle, name, NULL);
+}
+
+void *cd_fallback_dlsym(void *handle, const char *name, const void *caller)
+{
+    return lookup_without_dlsym(handle, name, caller);
 }
 
 /* ---- the driver -------------------------------------------------------- */

@@ -21,6 +21,11 @@ typedef void *(*cd_dlsym_fn)(void *, const char *);
 cd_dlsym_fn cd_real_dlsym_fn(void);
 void *cd_real_dlsym(void *handle, const char *name);
 
+/* What dlsym answers when glibc's cannot be found: name looked up in the
+ * dynamic symbol tables of handle's object and those loaded after it
+ * (RTLD_NEXT: after the object holding caller). */
+void *cd_fallback_dlsym(void *handle, const char *name, const void *caller);
+
 /* The real driver's handle, or NULL when it cannot be opened or when the
  * process holds two different drivers (CUDEFER_DRIVER naming another file
  * than the libcuda.so.1 the program loaded): cudefer then steps aside and

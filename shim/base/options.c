@@ -165,12 +165,35 @@ bool cd_option_parse_row(const struct cd_option_desc *d, const char *text, long 
     return cd_option_parse(d->type, text, out);
 }
 
+/* The CUDEFER_* values as they were when cudefer was loaded: a variable the
+ * program's environment no longer has when the options are read (its area
+ * was written over, as process-title libraries do) is taken from here. */
+static char *at_load[CD_OPT_COUNT];
+
+static void variable_name(enum cd_option opt, char *var, size_t size)
+{
+    snprintf(var, size, "CUDEFER_%s", table[opt].name);
+}
+
+__attribute__((constructor)) static void options_at_load(void)
+{
+    for (int i = 0; i < CD_OPT_COUNT; i++) {
+        char var[64];
+        variable_name((enum cd_option)i, var, sizeof var);
+        const char *text = getenv(var);
+        if (text)
+            at_load[i] = strdup(text);
+    }
+}
+
 static void read_one(enum cd_option opt)
 {
     const struct cd_option_desc *d = &table[opt];
-    char var[64] = "CUDEFER_";
-    strncat(var, d->name, sizeof var - strlen(var) - 1);
+    char var[64];
+    variable_name(opt, var, sizeof var);
     const char *text = getenv(var);
+    if (!text)
+        text = at_load[opt];
     if (d->type == CD_TYPE_STRING) {
         snprintf(strings[opt], STRING_MAX, "%s", text ? text : "");
         if (text && strlen(text) >= STRING_MAX)

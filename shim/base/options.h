@@ -3,8 +3,10 @@
  * Every tunable is one row of the table in options.c: name, type, default,
  * help. The environment is read once, at the first use of an option, and
  * every value is copied then: a program that rewrites its environment area
- * afterwards (process-title libraries do) changes nothing. An invalid value
- * gives one warning naming the variable, and the default.
+ * afterwards (process-title libraries do) changes nothing. A variable that
+ * was set when cudefer was loaded and is gone from the environment by the
+ * first use (its area written over) keeps its value from the load. An
+ * invalid value gives one warning naming the variable, and the default.
  */
 #ifndef CUDEFER_OPTIONS_H
 #define CUDEFER_OPTIONS_H

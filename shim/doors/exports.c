@@ -737,6 +737,132 @@ EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
                   kernelParams, extra);
 }
 
+/* The other launches: also retried after an out-of-memory answer (the
+ * module of the function may be loaded lazily at its first launch). */
+static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **params, void **extra,
+                          __typeof__(&cuLaunchKernelEx) real, enum cd_wrapped w)
+{
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    do
+        rc = real(config, f, params, extra);
+    while (retry(&a, rc, w));
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                         void **kernelParams, void **extra)
+{
+    return launch_ex(config, f, kernelParams, extra, REAL(cuLaunchKernelEx), CD_W_cuLaunchKernelEx);
+}
+
+EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                              void **kernelParams, void **extra)
+{
+    return launch_ex(config, f, kernelParams, extra, REAL(cuLaunchKernelEx_ptsz),
+                     CD_W_cuLaunchKernelEx_ptsz);
+}
+
+static CUresult launch_cooperative(__typeof__(&cuLaunchCooperativeKernel) real,
+                                   enum cd_wrapped w, CUfunction f, unsigned gx, unsigned gy,
+                                   unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                   unsigned shared, CUstream s, void **params)
+{
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(w);
+    do
+        rc = real(f, gx, gy, gz, bx, by, bz, shared, s, params);
+    while (retry(&a, rc, w));
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                                  unsigned int gridDimY, unsigned int gridDimZ,
+                                                  unsigned int blockDimX, unsigned int blockDimY,
+                                                  unsigned int blockDimZ,
+                                                  unsigned int sharedMemBytes, CUstream hStream,
+                                                  void **kernelParams)
+{
+    return launch_cooperative(REAL(cuLaunchCooperativeKernel), CD_W_cuLaunchCooperativeKernel, f,
+                              gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                              sharedMemBytes, hStream, kernelParams);
+}
+
+EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                                       unsigned int gridDimY,
+                                                       unsigned int gridDimZ,
+                                                       unsigned int blockDimX,
+                                                       unsigned int blockDimY,
+                                                       unsigned int blockDimZ,
+                                                       unsigned int sharedMemBytes,
+                                                       CUstream hStream, void **kernelParams)
+{
+    return launch_cooperative(REAL(cuLaunchCooperativeKernel_ptsz),
+                              CD_W_cuLaunchCooperativeKernel_ptsz, f, gridDimX, gridDimY,
+                              gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                              kernelParams);
+}
+
+/* An instantiation allocates device memory for the graph's nodes. */
+EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                    unsigned long long flags)
+{
+    __typeof__(&cuGraphInstantiateWithFlags) real = REAL(cuGraphInstantiateWithFlags);
+    struct cd_alloc a = {.call = NULL};
+    CUresult rc;
+    if (!real)
+        return cd_missing(CD_W_cuGraphInstantiateWithFlags);
+    do
+        rc = real(phGraphExec, hGraph, flags);
+    while (retry(&a, rc, CD_W_cuGraphInstantiateWithFlags));
+    return rc;
+}
+
+/* ---- IPC ------------------------------------------------------------------- */
+
+/* A block another process may map is never handed out again by cudefer's
+ * reuse: once the program frees it, it goes back to the driver (fenced). */
+EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    __typeof__(&cuIpcGetMemHandle) real = REAL(cuIpcGetMemHandle);
+    if (!real)
+        return cd_missing(CD_W_cuIpcGetMemHandle);
+    CUresult rc = real(pHandle, dptr);
+    if (rc == CUDA_SUCCESS)
+        cd_ipc_exported(dptr);
+    return rc;
+}
+
+/* A mapping of another process's block is the driver's (closed with
+ * cuIpcCloseMemHandle, never freed): a stale record of its address goes. */
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned flags,
+                         __typeof__(&cuIpcOpenMemHandle_v2) real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    CUresult rc = real(pdptr, handle, flags);
+    if (rc == CUDA_SUCCESS && pdptr)
+        cd_alloc_untracked((uintptr_t)*pdptr);
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                           unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags, REAL(cuIpcOpenMemHandle), CD_W_cuIpcOpenMemHandle);
+}
+
+EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                              unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags, REAL(cuIpcOpenMemHandle_v2),
+                    CD_W_cuIpcOpenMemHandle_v2);
+}
+
 EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
     __typeof__(&cuModuleGetFunction) real = REAL(cuModuleGetFunction);
@@ -828,10 +954,13 @@ static CUresult destroy(enum cd_wrapped w, uintptr_t h)
         return w == CD_W_cuStreamDestroy ? REAL(cuStreamDestroy)((CUstream)h)
                                          : REAL(cuStreamDestroy_v2)((CUstream)h);
     case CD_W_cuCtxDestroy:
-    case CD_W_cuCtxDestroy_v2:
+    case CD_W_cuCtxDestroy_v2: {
         cd_context_destroying((CUcontext)h);
-        return w == CD_W_cuCtxDestroy ? REAL(cuCtxDestroy)((CUcontext)h)
-                                      : REAL(cuCtxDestroy_v2)((CUcontext)h);
+        CUresult rc = w == CD_W_cuCtxDestroy ? REAL(cuCtxDestroy)((CUcontext)h)
+                                             : REAL(cuCtxDestroy_v2)((CUcontext)h);
+        cd_context_destroyed();
+        return rc;
+    }
     default:
         return cd_missing(w);
     }

@@ -151,7 +151,7 @@ dlsym(void *handle, const char *name)
 {
     cd_dlsym_fn real = cd_real_dlsym_fn();
     if (!real)
-        return NULL;
+        return cd_fallback_dlsym(handle, name, __builtin_return_address(0));
     /* The thread-local flag is read last: a sanitizer runtime that is
      * still starting intercepts the thread-local access itself. */
     int w = handle == RTLD_NEXT ? -1 : by_name(name);

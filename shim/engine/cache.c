@@ -30,6 +30,7 @@
 #include "log.h"
 #include "nvtx.h"
 #include "options.h"
+#include "reclaim.h"
 #include "registry.h"
 #include "retire.h"
 #include "stats.h"
@@ -87,6 +88,8 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->max_key = narrow ? (uintptr_t)1 << 32 : UINTPTR_MAX;
     a->start_ns = cd_now_ns();
     a->level = 0;
+    a->rechecks = 0;
+    a->seen = cd_reclaim_generation();
     a->call = call;
 }
 
@@ -192,15 +195,15 @@ void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key)
         note_cost(a->kind, a->bytes, cd_now_ns() - a->start_ns);
     const struct cd_driver_ops *ops = cd_driver_ops();
     CUcontext ctx = NULL;
-    if (ops->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) {
-        cd_alloc_untracked(key);
-        return;
-    }
-    struct cd_ctx *c = cd_ctx_get(ctx);
+    struct cd_ctx *c = NULL;
+    if (ops->ctx_get_current(&ctx) == CUDA_SUCCESS && ctx)
+        c = cd_ctx_get(ctx);
     struct cd_record *r = c ? cd_record_new(a->kind, key, a->bytes, a->flags) : NULL;
     if (!r) {
-        /* Its release passes through; a stale record of the address goes. */
-        cd_alloc_untracked(key);
+        /* Not tracked (no context, or one that is closing): its release
+         * passes through, and a stale record or tomb of the same address
+         * or handle goes. */
+        cd_registry_forget(cd_kind_class(a->kind), key);
         return;
     }
     r->ctx = c;

@@ -35,12 +35,36 @@ void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
     int n = atomic_load(&nslots);
     for (int i = 0; i < n; i++) {
         struct cd_ctx *c = slot(i);
-        unsigned gen;
-        if (atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter_any(c, &gen))
+        /* The engine's own walk: READY slots only (not one that MAY_END). */
+        atomic_fetch_add(&c->walkers, 1);
+        if (atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter(c, atomic_load(&c->gen))) {
+            atomic_fetch_sub(&c->walkers, 1);
             continue;
+        }
         fn(c, arg);
         cd_ctx_exit(c);
+        atomic_fetch_sub(&c->walkers, 1);
     }
+}
+
+struct adopt {
+    struct cd_ctx *c;
+    unsigned gen;
+};
+
+static void adopt_first(struct cd_ctx *c, void *arg)
+{
+    struct adopt *a = arg;
+    if (!a->c && cd_ctx_enter_any(c, &a->gen))
+        a->c = c;
+}
+
+struct cd_ctx *cd_ctx_adopt(unsigned *gen)
+{
+    struct adopt a = {NULL, 0};
+    cd_ctx_each(adopt_first, &a);
+    *gen = a.gen;
+    return a.c;
 }
 
 /* ---- green context aliases ------------------------------------------------ */
@@ -117,10 +141,16 @@ static _Thread_local struct {
     unsigned gen;
 } last;
 
+/* Slots that calls of the program find: READY, or MAY_END (contexts.h). */
+static bool usable(int st)
+{
+    return st == CD_CTX_READY || st == CD_CTX_MAY_END;
+}
+
 static bool serves(struct cd_ctx *c, CUcontext ctx)
 {
     return atomic_load_explicit(&c->handle, memory_order_acquire) == ctx &&
-           atomic_load_explicit(&c->state, memory_order_acquire) == CD_CTX_READY;
+           usable(atomic_load_explicit(&c->state, memory_order_acquire));
 }
 
 struct cd_ctx *cd_ctx_find(CUcontext ctx)
@@ -158,7 +188,7 @@ struct cd_ctx *cd_ctx_primary(CUdevice dev)
     for (int i = 0; i < n; i++) {
         struct cd_ctx *c = slot(i);
         int st = atomic_load(&c->state);
-        if ((st == CD_CTX_READY || st == CD_CTX_CLOSING) && c->primary && c->device == dev)
+        if ((usable(st) || st == CD_CTX_CLOSING) && c->primary && c->device == dev)
             return c;
     }
     return NULL;
@@ -239,8 +269,8 @@ static struct cd_ctx *spare_slot(void)
 }
 
 /* Claims a slot for ctx, or finds the one another thread claimed. NULL
- * also while ctx's slot is closing (a primary release under way): the
- * context may be about to go, and one context never gets two slots. */
+ * while ctx's slot is closing (its teardown under way): the context is
+ * about to go, and one context never gets two slots. */
 static struct cd_ctx *claim(CUcontext ctx, bool *mine)
 {
     struct cd_ctx *found = NULL;
@@ -253,7 +283,7 @@ static struct cd_ctx *claim(CUcontext ctx, bool *mine)
         int st = atomic_load(&c->state);
         if (atomic_load(&c->handle) != ctx)
             continue;
-        if (st == CD_CTX_READY || st == CD_CTX_SETUP)
+        if (usable(st) || st == CD_CTX_SETUP)
             found = c;
         closing = st == CD_CTX_CLOSING;
     }
@@ -276,16 +306,39 @@ static void fill_pool(struct cd_ctx *c, const struct cd_driver_ops *ops)
     }
 }
 
-/* Pays the driver's one-time set-up of stream-ordered frees of plain device
- * memory (about 10 ms measured) now rather than in the first release.
- * Waits for the private stream only, which holds nothing else yet. */
-static void warm_up(struct cd_ctx *c, const struct cd_driver_ops *ops)
+/* The driver's one-time set-up of stream-ordered frees of plain device
+ * memory (about 10 ms measured, once per process) is paid by the waiter
+ * thread, not by a program call. */
+static _Atomic bool warmed;
+static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool cd_ctx_warm_up(struct cd_ctx *c)
 {
-    CUdeviceptr p;
-    if (ops->mem_alloc(&p, 256) != CUDA_SUCCESS)
-        return;
-    ops->mem_free_async(p, c->priv);
-    ops->stream_synchronize(c->priv);
+    if (atomic_load(&warmed))
+        return false;
+    /* A flush point that comes while the waiter does it waits for the end:
+     * then nothing of it is left in flight. */
+    pthread_mutex_lock(&warm_lock);
+    bool now = !atomic_load(&warmed);
+    if (now) {
+        const struct cd_driver_ops *ops = cd_driver_ops();
+        struct cd_scope sc;
+        cd_scope_enter(&sc, atomic_load(&c->handle), true);
+        CUdeviceptr p;
+        if (ops->mem_alloc(&p, 256) == CUDA_SUCCESS) {
+            ops->mem_free_async(p, c->spare);
+            ops->stream_synchronize(c->spare);
+        }
+        cd_scope_leave(&sc);
+        atomic_store(&warmed, true);
+    }
+    pthread_mutex_unlock(&warm_lock);
+    return now;
+}
+
+bool cd_ctx_warmed(void)
+{
+    return atomic_load(&warmed);
 }
 
 /* Whether ctx is the primary context of its device: asked without changing
@@ -323,7 +376,6 @@ static bool setup(struct cd_ctx *c, CUcontext ctx, const struct cd_driver_ops *o
     }
     c->primary = is_primary(ctx, c->device, ops);
     fill_pool(c, ops);
-    warm_up(c, ops);
     cd_log(CD_LOG_INFO, "context %p%s: private streams ready (fence: %s)", (void *)ctx,
            c->primary ? " (primary)" : "",
            c->ctx_record ? "cuCtxRecordEvent" : "events on the program's streams");
@@ -384,10 +436,19 @@ bool cd_ctx_enter(struct cd_ctx *c, unsigned gen)
     return false;
 }
 
+bool cd_ctx_enter_own(struct cd_ctx *c, unsigned gen)
+{
+    atomic_fetch_add(&c->users, 1);
+    if (usable(atomic_load(&c->state)) && atomic_load(&c->gen) == gen)
+        return true;
+    atomic_fetch_sub(&c->users, 1);
+    return false;
+}
+
 bool cd_ctx_enter_any(struct cd_ctx *c, unsigned *gen)
 {
     *gen = atomic_load(&c->gen);
-    return cd_ctx_enter(c, *gen);
+    return cd_ctx_enter_own(c, *gen);
 }
 
 void cd_ctx_exit(struct cd_ctx *c)
@@ -395,12 +456,11 @@ void cd_ctx_exit(struct cd_ctx *c)
     atomic_fetch_sub(&c->users, 1);
 }
 
-void cd_ctx_close(struct cd_ctx *c)
+/* Waits until *count is 0: uses take microseconds, but a flush under way
+ * may wait for the GPU, so it yields first, then naps. */
+static void drain(_Atomic int *count)
 {
-    atomic_store(&c->state, CD_CTX_CLOSING);
-    /* Uses take microseconds, but a flush under way may wait for the GPU:
-     * yield first, then nap. */
-    for (unsigned i = 0; atomic_load(&c->users) != 0; i++) {
+    for (unsigned i = 0; atomic_load(count) != 0; i++) {
         if (i < 1000) {
             sched_yield();
             continue;
@@ -408,6 +468,21 @@ void cd_ctx_close(struct cd_ctx *c)
         struct timespec nap = {0, 100000};
         nanosleep(&nap, NULL);
     }
+}
+
+void cd_ctx_close(struct cd_ctx *c)
+{
+    atomic_store(&c->state, CD_CTX_CLOSING);
+    drain(&c->users);
+}
+
+/* The program's calls go on entering; the walks under way end. A walk
+ * counts itself before it reads the state, and the state is set before
+ * the count is read: one of the two sees the other. */
+void cd_ctx_close_maybe(struct cd_ctx *c)
+{
+    atomic_store(&c->state, CD_CTX_MAY_END);
+    drain(&c->walkers);
 }
 
 void cd_ctx_reopen(struct cd_ctx *c)
@@ -484,6 +559,21 @@ void cd_ctx_event_put(struct cd_ctx *c, CUevent ev)
         cd_driver_ops()->event_destroy(ev);
 }
 
+void cd_ctx_event_trim(struct cd_ctx *c)
+{
+    CUevent extra[64];
+    size_t n;
+    do {
+        n = 0;
+        pthread_mutex_lock(&c->pool_lock);
+        while (c->nevents > PREFILL_EVENTS && n < 64)
+            extra[n++] = c->events[--c->nevents];
+        pthread_mutex_unlock(&c->pool_lock);
+        for (size_t i = 0; i < n; i++)
+            cd_driver_ops()->event_destroy(extra[i]);
+    } while (n == 64);
+}
+
 /* ---- a forked child ---------------------------------------------------------- */
 
 void cd_contexts_reset(void)
@@ -492,6 +582,8 @@ void cd_contexts_reset(void)
     pthread_mutex_init(&alias_lock, NULL);
     naliases = 0;
     atomic_store(&live_aliases, 0);
+    atomic_store(&warmed, false);
+    pthread_mutex_init(&warm_lock, NULL);
     last.handle = NULL;
     int n = atomic_load(&nslots);
     for (int i = 0; i < n; i++) {

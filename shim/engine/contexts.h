@@ -9,11 +9,19 @@
  * the context it serves now from the ones it served before.
  *
  * Lifetime: a slot is FREE, SETUP (one thread makes its private objects),
- * READY, or CLOSING. Every use of a slot's objects or books is bracketed by
- * cd_ctx_enter and cd_ctx_exit. Closing a slot (teardown, or the moment
- * around a primary context's release) makes further enters fail and waits
- * until the uses under way have ended, so that nothing names a context
- * after the driver destroyed it.
+ * READY, MAY_END or CLOSING. Every use of a slot's objects or books is
+ * bracketed by cd_ctx_enter and cd_ctx_exit. Closing a slot (teardown)
+ * makes further enters fail and waits until the uses under way have ended,
+ * so that nothing names a context after the driver destroyed it.
+ *
+ * Around a primary context's release, which ends the context only if it is
+ * the last, the slot MAY_END: the engine's own walks (the waiter, flushes
+ * of every context) stay out, but a call of the program that names the
+ * context still enters (cd_ctx_enter_own), since the program uses the
+ * context and says by that that it lives. A release or an allocation in
+ * the context meanwhile is thus neither delayed nor left untracked. If the
+ * release was the last, the slot is closed after it, the program's uses
+ * drained, and torn down.
  *
  * A green context's CUcontext is an alias of its device's primary context:
  * memory allocated in it belongs to the primary context, and a fence in the
@@ -32,7 +40,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_CLOSING };
+enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_MAY_END, CD_CTX_CLOSING };
 
 /* Bins of equal released blocks (kind, bytes, flags) that may serve an
  * allocation, oldest first. Under the slot's lock. */
@@ -60,7 +68,8 @@ struct cd_ctx {
     _Atomic(CUcontext) handle;
     _Atomic int state;
     _Atomic unsigned gen;
-    _Atomic int users;
+    _Atomic int users;   /* every use under way */
+    _Atomic int walkers; /* of which the engine's own walks (cd_ctx_each) */
     CUdevice device;
     bool primary;
     bool ctx_record;     /* cuCtxRecordEvent exists (driver 12.5+) */
@@ -111,16 +120,30 @@ struct cd_batch {
  * that closes meanwhile). */
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
 
-/* The READY slot of ctx (a green context's CUcontext names its primary's),
+/* A READY slot, entered (the caller calls cd_ctx_exit), and its generation
+ * in *gen; NULL when there is none. For an object that outlives the
+ * context it was made in. */
+struct cd_ctx *cd_ctx_adopt(unsigned *gen);
+
+/* The READY or MAY_END slot of ctx (a green context's CUcontext names its primary's),
  * or NULL. Does not set one up. */
 struct cd_ctx *cd_ctx_find(CUcontext ctx);
 
 /* The READY slot of ctx, set up on first sight: private streams, fence,
- * events, and the driver's one-time set-up of stream-ordered frees (about
- * 10 ms, paid here and not in a release). Called on allocation and context
- * creation paths only; waits for nothing but the new private stream. NULL
- * when the driver refused (the context's releases then pass through). */
+ * events. Does not wait. NULL when the driver refused (the context's
+ * releases then pass through). */
 struct cd_ctx *cd_ctx_get(CUcontext ctx);
+
+/* Pays the driver's one-time set-up of stream-ordered frees of plain
+ * device memory (about 10 ms, once per process) in c, on its idle stream:
+ * the waiter thread calls it, so that no release of the program pays it,
+ * and so do the flush points (they wait for it if it is under way). WAITS
+ * for the idle stream (which holds nothing of the program's). Returns
+ * whether it did the set-up now. */
+bool cd_ctx_warm_up(struct cd_ctx *c);
+
+/* Whether the set-up was paid already. */
+bool cd_ctx_warmed(void);
 
 /* fn runs once per process before the first slot is set up (the process
  * module starts the waiter and the exit handler there). */
@@ -132,14 +155,22 @@ struct cd_ctx *cd_ctx_current(void);
 /* Announces a use of c's objects and books; false when c does not serve
  * the context of generation gen any more (or is closing). Does not wait. */
 bool cd_ctx_enter(struct cd_ctx *c, unsigned gen);
-/* The same for whatever context c serves now. */
+/* cd_ctx_enter_own for whatever context c serves now (calls of the
+ * program only). */
 bool cd_ctx_enter_any(struct cd_ctx *c, unsigned *gen);
+/* cd_ctx_enter for a call of the program naming c's context: also while
+ * c MAY_END. Does not wait. */
+bool cd_ctx_enter_own(struct cd_ctx *c, unsigned gen);
 void cd_ctx_exit(struct cd_ctx *c);
 
 /* Makes further enters fail and waits until the uses under way have ended
  * (uses are short, but a flush in progress may wait for the GPU: then this
  * waits for it too). */
 void cd_ctx_close(struct cd_ctx *c);
+/* Keeps the engine's walks out (MAY_END) and waits until the walks under
+ * way have ended; the program's own calls go on entering. Waits as
+ * cd_ctx_close does (for a walk's flush under way). */
+void cd_ctx_close_maybe(struct cd_ctx *c);
 /* A closed slot's context lives on: enters succeed again. */
 void cd_ctx_reopen(struct cd_ctx *c);
 /* A closed slot is done with: with alive, its private objects are destroyed
@@ -166,6 +197,10 @@ bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a);
 /* A spare event of c (made if the pool is empty), and its return. */
 CUresult cd_ctx_event_get(struct cd_ctx *c, CUevent *ev);
 void cd_ctx_event_put(struct cd_ctx *c, CUevent ev);
+/* Destroys the spare events beyond the few a context starts with: the pool
+ * grows with the releases in flight and shrinks at flush points. c entered,
+ * its context current. Does not wait. */
+void cd_ctx_event_trim(struct cd_ctx *c);
 
 /* Makes ctx current for the calls between enter and leave (pushing it only
  * when it is not current already) and, with relaxed, puts the thread in

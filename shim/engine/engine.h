@@ -94,6 +94,8 @@ struct cd_alloc {
     uintptr_t max_key;  /* reuse only blocks below it (the 32-bit calls) */
     uint64_t start_ns;
     int level;          /* reclaims made so far */
+    int rechecks;       /* retries made because memory went back meanwhile */
+    unsigned long long seen; /* cd_reclaim_generation() before the last ask */
     const char *call;
 };
 #define CD_FLAGS_ALLOC_HOST 0x80000000u
@@ -164,8 +166,11 @@ void cd_context_synchronized(CUcontext ctx);
 void cd_context_created(CUcontext ctx);
 
 /* Before cuCtxDestroy: everything held for the context goes (its
- * destruction frees it) and its private objects are destroyed. */
+ * destruction frees it) and its private objects are destroyed; after it
+ * (whatever it answered), cd_context_destroyed. An out-of-memory answer in
+ * another thread meanwhile waits for the destruction to return. */
 void cd_context_destroying(CUcontext ctx);
+void cd_context_destroyed(void);
 
 /* Around cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset: the engine
  * stops using the primary context before the call, and after it asks the

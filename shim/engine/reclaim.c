@@ -26,6 +26,7 @@
 #include "log.h"
 #include "nvtx.h"
 #include "options.h"
+#include "reclaim.h"
 #include "registry.h"
 #include "retire.h"
 #include "stats.h"
@@ -38,8 +39,17 @@
 /* Entries taken off the books by flushes and not yet released: an
  * out-of-memory answer waits until they are. */
 static pthread_mutex_t releasing_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t releasing_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t releasing_cond;
 static long long releasing;
+
+__attribute__((constructor)) static void releasing_init(void)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&releasing_cond, &attr);
+    pthread_condattr_destroy(&attr);
+}
 
 static void releasing_add(long long n)
 {
@@ -50,11 +60,36 @@ static void releasing_add(long long n)
     pthread_mutex_unlock(&releasing_lock);
 }
 
+/* A context whose teardown has begun holds what the program released in
+ * it until the driver's destruction returns: counted like a flush. */
+void cd_reclaim_ending(int delta)
+{
+    releasing_add(delta);
+    if (delta < 0)
+        cd_reclaim_returned();
+}
+
+/* Counts the moments memory went back. An allocation notes the count
+ * before it asks the driver; a failure after which the count moved is
+ * retried before anything else: the memory the driver lacked may be back,
+ * and what cudefer holds may be nothing by now. */
+static _Atomic unsigned long long returned;
+
+void cd_reclaim_returned(void)
+{
+    atomic_fetch_add_explicit(&returned, 1, memory_order_release);
+}
+
+unsigned long long cd_reclaim_generation(void)
+{
+    return atomic_load_explicit(&returned, memory_order_acquire);
+}
+
 /* Waits until no flush holds entries, for at most seconds. */
 static bool releasing_wait(int seconds)
 {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += seconds;
     pthread_mutex_lock(&releasing_lock);
     int err = 0;
@@ -93,6 +128,7 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
     cd_retire_drop_event(c, r);
     cd_books_unregistered(r);
     cd_registry_end(r, CD_GONE);
+    cd_reclaim_returned();
 }
 
 /* Releases c's entries of the kinds in mask: device blocks through
@@ -150,6 +186,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         release_one(c, r);
         released++;
     }
+    cd_ctx_event_trim(c);
     cd_scope_leave(&sc);
     releasing_add(-(long long)n - 1);
     if (settle)
@@ -170,6 +207,7 @@ struct flush_all {
 static void flush_each(struct cd_ctx *c, void *arg)
 {
     struct flush_all *f = arg;
+    cd_ctx_warm_up(c);
     f->any |= flush_context(c, f->why, f->mask, f->settle);
 }
 
@@ -180,10 +218,24 @@ static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle)
     return f.any;
 }
 
+/* After a flush of everything: frees in flight settled, spare events
+ * beyond the first few destroyed. MAY WAIT. */
+static void settle_and_trim(struct cd_ctx *c, void *arg)
+{
+    (void)arg;
+    cd_waiter_settle(c, true);
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    cd_ctx_event_trim(c);
+    cd_scope_leave(&sc);
+}
+
 int cd_flush_all(void)
 {
-    if (cd_engine_on())
-        flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true);
+    if (!cd_engine_on())
+        return 0;
+    flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true);
+    cd_ctx_each(settle_and_trim, NULL);
     return 0;
 }
 
@@ -197,6 +249,7 @@ void cd_context_synchronized(CUcontext ctx)
         return;
     /* Everything: device blocks through cuMemFreeAsync (the waiter settles
      * them), the rest with the driver's releases. */
+    cd_ctx_warm_up(c);
     flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
     cd_ctx_exit(c);
 }
@@ -239,6 +292,7 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
             atomic_fetch_add(&cd_stats.released[r->kind], 1);
             cd_retire_drop_event(c, r);
             cd_registry_end(r, CD_GONE);
+            cd_reclaim_returned();
             *any = true;
         }
     }
@@ -297,10 +351,31 @@ static bool reclaim_waiting(const char *call)
     return true;
 }
 
+/* Rounds of waiting reclaims an allocation makes at most: other threads
+ * may release, and take, memory meanwhile. */
+#define WAITING_ROUNDS 8
+/* Retries an allocation makes at most because memory went back while it
+ * asked (each one asks the driver only). */
+#define RECHECKS 64
+
+/* Whether memory went back since a's last ask; notes the count for the
+ * next one. */
+static bool returned_since(struct cd_alloc *a)
+{
+    unsigned long long now = cd_reclaim_generation();
+    bool moved = now != a->seen;
+    a->seen = now;
+    return moved;
+}
+
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 {
-    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on() || a->level >= 2)
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on() || a->level > WAITING_ROUNDS)
         return false;
+    if (returned_since(a) && a->rechecks < RECHECKS) {
+        a->rechecks++;
+        return true;
+    }
     if (a->level == 0) {
         a->level = 1;
         bool any = false;
@@ -314,9 +389,18 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
             return true;
         }
     }
-    a->level = 2;
-    if (!reclaim_waiting(a->call))
+    /* Then, while cudefer holds anything: whatever other threads released
+     * before the retry is taken back too. */
+    a->level++;
+    if (!reclaim_waiting(a->call)) {
+        /* Nothing held now; what another thread settled since the ask is
+         * back with the driver. */
+        if (returned_since(a) && a->rechecks < RECHECKS) {
+            a->rechecks++;
+            return true;
+        }
         return false;
+    }
     atomic_fetch_add(&cd_stats.reclaims_waited, 1);
     return true;
 }

@@ -208,6 +208,15 @@ bool cd_registry_export(enum cd_kind cls, uintptr_t key)
     return peek(cls, key, true) == CD_LIVE;
 }
 
+void cd_registry_move(struct cd_record *r, struct cd_ctx *ctx, unsigned gen)
+{
+    struct shard *s = shard_of(hash(cd_kind_class(r->kind), r->key));
+    pthread_mutex_lock(&s->lock);
+    r->ctx = ctx;
+    r->gen = gen;
+    pthread_mutex_unlock(&s->lock);
+}
+
 void cd_registry_unretire(struct cd_record *r)
 {
     struct shard *s = shard_of(hash(cd_kind_class(r->kind), r->key));
@@ -294,7 +303,7 @@ void cd_registry_tear(struct cd_ctx *ctx, unsigned mask)
         pthread_mutex_lock(&s->lock);
         for (size_t b = 0; b < s->nbuckets; b++) {
             for (struct cd_record *r = s->bucket[b]; r; r = r->hash_next) {
-                if (r->ctx != ctx || r->state != CD_LIVE || !(mask & (1u << r->kind)))
+                if (r->state != CD_LIVE || r->ctx != ctx || !(mask & (1u << r->kind)))
                     continue;
                 struct cd_record *e = entomb(s, r, CD_TORN);
                 if (e) {

@@ -85,6 +85,10 @@ bool cd_registry_export(enum cd_kind cls, uintptr_t key);
 /* Puts a RETIRED record back to LIVE (it serves an allocation again). */
 void cd_registry_unretire(struct cd_record *r);
 
+/* The retired record r now belongs to ctx of generation gen (an object
+ * that outlived the context it was made in). */
+void cd_registry_move(struct cd_record *r, struct cd_ctx *ctx, unsigned gen);
+
 /* Forgets the LIVE record or tomb of class cls and key, if any (the program
  * freed the object through a call cudefer does not defer, or an allocation
  * cudefer does not track returned that address). Returns what it was:

@@ -45,8 +45,10 @@ static bool is_sticky(CUresult rc)
 
 /* The driver's own call releases r: its record ends (a handle keeps a
  * tomb, so that a second release does not reach the driver). */
-static bool pass_through(struct cd_record *r, bool over_limit)
+static bool pass_through(struct cd_record *r, bool over_limit, const char *why)
 {
+    cd_log(CD_LOG_DEBUG, "%s %#lx: the driver's own release (%s)",
+           cd_kind_name((enum cd_kind)r->kind), (unsigned long)r->key, why);
     atomic_fetch_add(&cd_stats.passed[r->kind], 1);
     if (over_limit)
         atomic_fetch_add(&cd_stats.over_limit[r->kind], 1);
@@ -146,7 +148,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
         if (frc != CUDA_ERROR_DEINITIALIZED)
             cd_log(CD_LOG_ERROR, "cannot fence a %s release (error %d): the driver releases it",
                    cd_kind_name((enum cd_kind)r->kind), (int)frc);
-        return pass_through(r, false);
+        return pass_through(r, false, "no fence");
     }
     atomic_fetch_add(&cd_stats.deferred[r->kind], 1);
     cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_kind_name((enum cd_kind)r->kind),
@@ -192,7 +194,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     if (frc != CUDA_SUCCESS) {
         /* A live capture, or an error: the driver's own call. */
         cd_retire_drop_event(c, r);
-        return pass_through(r, false);
+        return pass_through(r, false, "a live capture or an error");
     }
     /* In the relaxed capture mode: a capture another thread starts meanwhile
      * is not invalidated by this wait. */
@@ -238,6 +240,8 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     struct cd_record *r = NULL;
     switch (cd_registry_retire(cls, key, &r)) {
     case CD_NOT_FOUND:
+        cd_log(CD_LOG_DEBUG, "%s %#lx: not tracked, the driver's own release", cd_kind_name(cls),
+               (unsigned long)key);
         atomic_fetch_add(&cd_stats.passed[cls], 1);
         return false;
     case CD_WAS_TORN:
@@ -252,11 +256,27 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         break;
     }
     struct cd_ctx *c = r->ctx;
-    if (!cd_backend_on((enum cd_kind)r->kind) || !c || !cd_ctx_enter(c, r->gen))
-        return pass_through(r, false);
+    bool entered = c && cd_ctx_enter_own(c, r->gen);
+    if (!entered && r->kind == CD_LIBRARY) {
+        /* A library outlives the context it was loaded in: its release
+         * is kept in another context that lives (the fence covers every
+         * context). Not the thread's current one: its binding may name the
+         * context that ended. */
+        unsigned gen;
+        c = cd_ctx_adopt(&gen);
+        entered = c != NULL;
+        if (entered)
+            cd_registry_move(r, c, gen);
+    }
+    if (!entered)
+        return pass_through(r, false, "its context has ended or is ending");
+    if (!cd_backend_on((enum cd_kind)r->kind)) {
+        cd_ctx_exit(c);
+        return pass_through(r, false, "its kind is off");
+    }
     bool took;
     if (!cd_books_room(c, r))
-        took = pass_through(r, true);
+        took = pass_through(r, true, "beyond the limits");
     else if (r->kind == CD_REGISTERED &&
              cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
         took = unregister_after_work(c, r, rc);

@@ -31,6 +31,7 @@
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
+#include "reclaim.h"
 #include "registry.h"
 #include "retire.h"
 #include "stats.h"
@@ -99,6 +100,9 @@ void cd_context_created(CUcontext ctx)
         cd_ctx_get(ctx);
 }
 
+/* Teardowns begun by this thread whose destruction has not returned. */
+static _Thread_local int ending;
+
 void cd_context_destroying(CUcontext ctx)
 {
     if (!cd_engine_on())
@@ -107,11 +111,21 @@ void cd_context_destroying(CUcontext ctx)
     struct cd_ctx *c = cd_ctx_find(ctx);
     if (!c)
         return;
+    ending++;
+    cd_reclaim_ending(+1);
     cd_ctx_close(c);
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
     tear(c, true);
     cd_scope_leave(&sc);
+}
+
+void cd_context_destroyed(void)
+{
+    if (ending > 0) {
+        ending--;
+        cd_reclaim_ending(-1);
+    }
 }
 
 /* ---- primary and green contexts ---------------------------------------------- */
@@ -129,8 +143,10 @@ static void close_primary(CUdevice dev)
     pthread_mutex_lock(&primary_lock);
     closed = cd_ctx_primary(dev);
     closed_device = dev;
-    if (closed)
-        cd_ctx_close(closed);
+    if (closed) {
+        cd_reclaim_ending(+1);
+        cd_ctx_close_maybe(closed);
+    }
 }
 
 /* After the call: reopens the slot if the driver says the context lives,
@@ -148,9 +164,12 @@ static void settle_primary(void)
         if (active) {
             cd_ctx_reopen(c);
         } else {
+            /* The program's calls that entered meanwhile end first. */
+            cd_ctx_close(c);
             cd_capture_context_gone(atomic_load(&c->handle));
             tear(c, false);
         }
+        cd_reclaim_ending(-1);
     }
     pthread_mutex_unlock(&primary_lock);
 }

@@ -6,6 +6,7 @@
 #include "fence.h"
 #include "capture.h"
 #include "log.h"
+#include "reclaim.h"
 #include "registry.h"
 #include "stats.h"
 
@@ -118,6 +119,8 @@ static size_t end_records(struct cd_link *records, CUresult q)
         n++;
     }
     atomic_fetch_sub(&pending, (long long)n);
+    if (n)
+        cd_reclaim_returned();
     return n;
 }
 
@@ -153,6 +156,32 @@ static void open_batch(struct cd_ctx *c, const struct cd_driver_ops *ops)
     *tail = b;
 }
 
+/* Watches whose work has ended, in order (the private stream runs in
+ * order).  drain_lock makes one thread the reader of the list's head:
+ * the head is queried without c->lock held, and a second reader could
+ * otherwise free it under the first. */
+static void see_watches(struct cd_ctx *c, const struct cd_driver_ops *ops)
+{
+    pthread_mutex_lock(&c->drain_lock);
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        struct cd_watch *w = cd_list_empty(&c->watches)
+                                 ? NULL
+                                 : CD_CONTAINER(c->watches.next, struct cd_watch, link);
+        pthread_mutex_unlock(&c->lock);
+        if (!w || ops->event_query(w->event) == CUDA_ERROR_NOT_READY)
+            break;
+        pthread_mutex_lock(&c->lock);
+        cd_list_remove(&w->link);
+        pthread_mutex_unlock(&c->lock);
+        cd_stats_add_avoided(w->kind, cd_now_ns() - w->since_ns);
+        cd_ctx_event_put(c, w->event);
+        free(w);
+        atomic_fetch_sub(&pending, 1);
+    }
+    pthread_mutex_unlock(&c->drain_lock);
+}
+
 size_t cd_waiter_settle(struct cd_ctx *c, bool wait)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
@@ -178,6 +207,8 @@ size_t cd_waiter_settle(struct cd_ctx *c, bool wait)
         free(b);
     }
     pthread_mutex_unlock(&c->drain_lock);
+    if (wait)
+        see_watches(c, ops);
     cd_scope_leave(&sc);
     return n;
 }
@@ -193,32 +224,15 @@ bool cd_waiter_pending(struct cd_ctx *c)
     return busy;
 }
 
-/* Watches whose work has ended, in order (the private stream runs in
- * order). */
-static void see_watches(struct cd_ctx *c, const struct cd_driver_ops *ops)
-{
-    for (;;) {
-        pthread_mutex_lock(&c->lock);
-        struct cd_watch *w = cd_list_empty(&c->watches)
-                                 ? NULL
-                                 : CD_CONTAINER(c->watches.next, struct cd_watch, link);
-        pthread_mutex_unlock(&c->lock);
-        if (!w || ops->event_query(w->event) == CUDA_ERROR_NOT_READY)
-            return;
-        pthread_mutex_lock(&c->lock);
-        cd_list_remove(&w->link);
-        pthread_mutex_unlock(&c->lock);
-        cd_stats_add_avoided(w->kind, cd_now_ns() - w->since_ns);
-        cd_ctx_event_put(c, w->event);
-        free(w);
-        atomic_fetch_sub(&pending, 1);
-    }
-}
-
 void cd_waiter_forget(struct cd_ctx *c, bool alive)
 {
+    struct cd_link fresh;
+    cd_list_init(&fresh);
     pthread_mutex_lock(&c->drain_lock);
-    open_batch(c, cd_driver_ops());
+    pthread_mutex_lock(&c->lock);
+    cd_list_splice(&fresh, &c->inflight);
+    pthread_mutex_unlock(&c->lock);
+    end_records(&fresh, CUDA_SUCCESS);
     while (c->batches) {
         struct cd_batch *b = c->batches;
         c->batches = b->next;
@@ -248,6 +262,7 @@ struct pass {
 static void visit(struct cd_ctx *c, void *arg)
 {
     struct pass *p = arg;
+    cd_ctx_warm_up(c);
     p->done += cd_waiter_settle(c, false);
     see_watches(c, p->ops);
     cd_fence_prune(c);
@@ -267,6 +282,12 @@ static void *waiter_main(void *arg)
         /* Now and then, captures that ended where cudefer did not see. */
         if (cd_capture_live() && ++captures % 64 == 0)
             cd_capture_check();
+        /* Until a context is ready for the driver's one-time set-up, the
+         * waiter looks again every millisecond. */
+        if (!cd_ctx_warmed()) {
+            sleep_for(1000);
+            continue;
+        }
         if (atomic_load(&pending) == 0 && !cd_capture_live()) {
             nap = 0;
             sleep_for(0);
