@@ -8,10 +8,14 @@
  * finds the test driver with its own dlopen("libcuda.so.1").
  *
  * An input is a sequence of operations (one byte each, then argument bytes):
- * context create/destroy, current-context changes, primary context
- * retain/release/reset on two devices, stream create/destroy, simulated
- * kernels (testdrv_launch) on user, legacy and per-thread streams touching
- * live memory of any context, stream capture begin/end (relaxed mode),
+ * context create (every cuCtxCreate version)/destroy, current-context
+ * changes, primary context retain/release/reset on two devices, green
+ * contexts (when the driver has them), stream create/destroy (also in the
+ * middle of a capture), simulated kernels (testdrv_launch) on user, legacy
+ * and per-thread streams touching live memory of any context, stream
+ * captures of every kind of stream handle (created streams, the per-thread
+ * stream by CU_STREAM_PER_THREAD and through the _ptsz entry points, to a
+ * graph, GLOBAL ones around a launch) and captures the program invalidates,
  * cuCtxSynchronize[_v2], cudefer_flush, allocations of every kind the shim
  * tracks, and releases of every kind - of live objects, double releases,
  * pointers inside allocations, pointers of the wrong kind, bogus and NULL
@@ -19,7 +23,12 @@
  *
  * Checked after every operation:
  *  - no kernel touched memory that was not live (testdrv_faults() == 0) and
- *    no stream capture was invalidated;
+ *    the stream captures invalidated are those the program invalidated;
+ *  - while a kernel that waits for the host runs in every context, no call
+ *    that cudefer promises never waits waited (the table of
+ *    tests/property.c; see "kernels that wait for the host" below);
+ *  - when cuMemHostUnregister returns, no kernel submitted before it still
+ *    writes the pages, and nothing writes them afterwards (a canary);
  *  - every release answers what the driver itself would (the model below
  *    follows the test driver's rules: tests/driver/memory.c, arrays.c,
  *    modules.c), and so do cuCtxSynchronize and the allocations' context
@@ -48,12 +57,17 @@
  */
 #include <cuda.h>
 #include <cudefer.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "testdriver.h"
 
@@ -143,6 +157,12 @@ struct mobj {
     int ctx;      /* model context slot; -1: none (a library loaded without one) */
     enum ostate state;
     bool readonly;
+    bool loaded;  /* a library loaded into a context (cuKernelGetFunction) */
+    /* registered memory: an event recorded after each kernel that wrote
+     * it, per stream (the context the event belongs to: ev_ctx) */
+    CUevent ev[4];
+    CUstream ev_stream[4];
+    int ev_ctx[4];
 };
 static struct mobj objs[MAX_OBJS];
 static int nobjs;
@@ -157,7 +177,11 @@ struct mctx {
     bool exists;   /* has a handle */
     bool alive;
     bool known;    /* the shim has set it up (allocation or stream made there) */
+    bool green;    /* a green context's CUcontext (made and destroyed in op_green) */
     unsigned used_memory_of; /* contexts whose memory its kernels touched */
+    /* a RELAXED capture of its per-thread stream (CU_STREAM_PER_THREAD or
+     * stream 0 through a _ptsz entry point) */
+    bool pt_capturing, pt_invalidated;
 };
 static struct mctx ctxs[MAX_CTX];
 static int prim_refs[NDEV];
@@ -169,6 +193,7 @@ struct mstream {
     bool alive;
     bool nonblocking;
     bool capturing;
+    bool invalidated; /* its capture, by the program (a query of the stream) */
 };
 static struct mstream streams[MAX_STREAMS];
 static int nstreams;
@@ -185,6 +210,8 @@ static size_t device_capacity, host_capacity;
 static bool pre125;          /* TESTDRIVER_VERSION below 12050 */
 static bool touched_dead;    /* the program itself named a destroyed context */
 static uint64_t dead_calls_before;
+static uint64_t invalidated_before, invalidated_expected; /* captures the program invalidated */
+static CUgraph kept_graph;   /* from a capture, for cuStreamBeginCaptureToGraph */
 
 enum cur { CUR_NONE, CUR_LIVE, CUR_DEAD };
 
@@ -262,7 +289,8 @@ static void add_obj(enum mkind kind, uintptr_t key, size_t bytes, int ctx, bool 
             objs[i].state = FORGOTTEN;
     if (nobjs == MAX_OBJS)
         FAIL("harness: too many objects");
-    objs[nobjs++] = (struct mobj){kind, key, bytes, ctx, LIVE, readonly};
+    objs[nobjs++] = (struct mobj){.kind = kind, .key = key, .bytes = bytes, .ctx = ctx,
+                                  .state = LIVE, .readonly = readonly};
     TRACE("  new %s %#lx bytes %zu ctx %d", kind_names[kind], (unsigned long)key, bytes, ctx);
     if (ctx >= 0)
         ctxs[ctx].known = true;
@@ -275,26 +303,246 @@ static void check_always(void)
     if (testdrv_faults())
         FAIL("a kernel touched memory that was not live (%llu faults)",
              (unsigned long long)testdrv_faults());
-    if (testdrv_invalidated_captures())
-        FAIL("a stream capture was invalidated (%llu)",
-             (unsigned long long)testdrv_invalidated_captures());
+    uint64_t invalidated = testdrv_invalidated_captures() - invalidated_before;
+    if (invalidated != invalidated_expected)
+        FAIL("%llu stream captures were invalidated, the program invalidated %llu",
+             (unsigned long long)invalidated, (unsigned long long)invalidated_expected);
+}
+
+/* ---- kernels that wait for the host; the no-wait table ------------------ */
+
+/* Before every operation each live context gets a kernel that spins until
+ * the host sets a flag (testdrv_launch_spin, on a stream of the harness's
+ * own). A call that cudefer promises never waits is then measured:
+ * testdrv_thread_wait_calls and testdrv_thread_blocked_ns around it. A
+ * call allowed to wait (synchronisations, cudefer_flush, context
+ * teardowns, an allocation that cannot fit without what cudefer gives back,
+ * a registration over a range whose unregister may be pending, module
+ * loads, which wait in the driver too, cuMemHostUnregister, which may wait
+ * for the work submitted before it) first sets the flag (spin_stop). A
+ * helper thread sets the flag of a call stuck for a second, which then
+ * fails its check instead of hanging. */
+#define SPIN_FLAGS 4096
+#define NO_WAIT_BLOCKED_NS 2000000u
+#define RECLAIM_SLACK ((size_t)64 << 10) /* cudefer's own small allocations */
+static volatile int spin_flags[SPIN_FLAGS];
+static unsigned spin_gen;             /* the flag of the kernels running now */
+static unsigned spin_of[MAX_CTX];     /* spin_gen + 1 of a context's kernel; 0: none */
+static CUstream spin_stream[MAX_CTX]; /* the harness's stream in a context */
+static _Atomic uint64_t op_started_ns; /* the operation under way, for the helper */
+static _Atomic bool helper_fired;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void spin_stop(void)
+{
+    unsigned g = __atomic_load_n(&spin_gen, __ATOMIC_RELAXED);
+    __atomic_store_n(&spin_flags[g % SPIN_FLAGS], 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&spin_flags[(g + 1) % SPIN_FLAGS], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&spin_gen, g + 1, __ATOMIC_RELAXED);
+}
+
+static void *spin_helper(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        usleep(50000);
+        uint64_t t = atomic_load(&op_started_ns);
+        if (t && now_ns() - t > 1000000000u) {
+            unsigned g = __atomic_load_n(&spin_gen, __ATOMIC_RELAXED);
+            __atomic_store_n(&spin_flags[g % SPIN_FLAGS], 1, __ATOMIC_RELAXED);
+            atomic_store(&helper_fired, true);
+        }
+    }
+    return NULL;
+}
+
+static void spin_start(void)
+{
+    for (int c = 0; c < MAX_CTX; c++) {
+        if (!ctxs[c].alive || ctxs[c].green || spin_of[c] == spin_gen + 1)
+            continue;
+        if (!spin_stream[c]) {
+            CUcontext popped;
+            expect_rc("cuCtxPushCurrent", cuCtxPushCurrent(ctxs[c].h), CUDA_SUCCESS);
+            expect_rc("cuStreamCreate (the harness's)",
+                      cuStreamCreate(&spin_stream[c], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+            expect_rc("cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+            ctxs[c].known = true;
+        }
+        expect_rc("testdrv_launch_spin",
+                  testdrv_launch_spin(spin_stream[c], &spin_flags[spin_gen % SPIN_FLAGS]),
+                  CUDA_SUCCESS);
+        spin_of[c] = spin_gen + 1;
+    }
+}
+
+struct nowait {
+    const char *what;
+    uint64_t wait_calls, blocked_ns;
+};
+
+/* FUZZ_API_UNJUDGED: names of calls (as the failure messages write them,
+ * comma-separated) not to judge, to look past a known finding;
+ * FUZZ_API_SKIP: operations (as the failure messages name them:
+ * "green", "capture", ...) left out, to the same end ("pages" leaves out
+ * the checks of registered pages). */
+static const char *unjudged, *skipped;
+
+static bool judged_call(const char *what)
+{
+    size_t n = strcspn(what, " (");
+    for (const char *p = unjudged; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] != 0)) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, what, n) == 0)
+            return false;
+    }
+    return true;
+}
+
+static void nowait_begin(struct nowait *m, const char *what)
+{
+    m->what = what;
+    atomic_store(&helper_fired, false);
+    m->wait_calls = testdrv_thread_wait_calls();
+    m->blocked_ns = testdrv_thread_blocked_ns();
+}
+
+/* valid: the driver accepts the call (the model's answer is CUDA_SUCCESS):
+ * then no call that may wait reaches the driver at all. An invalid one may
+ * reach it (the driver rejects it at once) but must not block. */
+static void nowait_end(const struct nowait *m, bool valid)
+{
+    uint64_t dwait = testdrv_thread_wait_calls() - m->wait_calls;
+    uint64_t dblocked = testdrv_thread_blocked_ns() - m->blocked_ns;
+    if (!judged_call(m->what))
+        return;
+    if ((valid && dwait) || dblocked >= NO_WAIT_BLOCKED_NS || atomic_load(&helper_fired))
+        FAIL("%s must not wait, yet it made %llu "
+             "calls that may wait and was blocked %.2f ms in the driver%s", m->what,
+             (unsigned long long)dwait, (double)dblocked / 1e6,
+             atomic_load(&helper_fired) ? " (stuck: the helper released the kernels)" : "");
+}
+
+/* Would an allocation of bytes of kind k fail without what cudefer gives
+ * back (what the driver holds of the capacity, pending frees included)? */
+static bool needs_reclaim(enum mkind k, size_t bytes)
+{
+    bool dev = on_device_capacity(k);
+    size_t used = dev ? testdrv_live_bytes(TESTDRV_DEVICE) + testdrv_live_bytes(TESTDRV_MANAGED) +
+                            testdrv_live_bytes(TESTDRV_ARRAY) + testdrv_pending_free_bytes()
+                      : testdrv_live_bytes(TESTDRV_HOST) + testdrv_live_bytes(TESTDRV_REGISTERED);
+    return used + bytes + RECLAIM_SLACK > (dev ? device_capacity : host_capacity);
+}
+
+/* ---- registered pages: kernels that wrote them, canaries --------------- */
+
+static bool page_canary[REG_PAGES];
+
+static unsigned char canary_byte(int page, size_t i)
+{
+    unsigned char a = (unsigned char)(0xA1 + page * 3);
+    return i % 2 ? a : (unsigned char)(a ^ 0x3C);
+}
+
+/* After the registration of [key, key + bytes) ended (its unregister or its
+ * context's teardown returned): nothing may write the pages any more. */
+static void canary_fill(uintptr_t key, size_t bytes)
+{
+    for (uintptr_t p = key; p < key + bytes; p += PAGE) {
+        int page = (int)((p - (uintptr_t)reg_arena) / PAGE);
+        for (size_t i = 0; i < PAGE; i++)
+            reg_arena[(size_t)page * PAGE + i] = canary_byte(page, i);
+        page_canary[page] = true;
+    }
+}
+
+static void canary_check(int first, int count)
+{
+    if (skipped && strstr(skipped, "pages"))
+        return;
+    for (int page = first; page < first + count; page++) {
+        if (!page_canary[page])
+            continue;
+        for (size_t i = 0; i < PAGE; i++)
+            if (reg_arena[(size_t)page * PAGE + i] != canary_byte(page, i))
+                FAIL("arena page %d was written after its registration ended (byte %zu: %#x)",
+                     page, i, reg_arena[(size_t)page * PAGE + i]);
+        page_canary[page] = false;
+    }
+}
+
+static void drop_events(struct mobj *o, int only_ctx, bool destroy)
+{
+    for (int k = 0; k < 4; k++) {
+        if (!o->ev[k] || (only_ctx >= 0 && o->ev_ctx[k] != only_ctx))
+            continue;
+        if (destroy)
+            cuEventDestroy(o->ev[k]);
+        o->ev[k] = NULL;
+        o->ev_stream[k] = NULL;
+    }
 }
 
 /* ---- contexts ------------------------------------------------------------ */
 
+/* A graph a capture returned: kept (the first) for cuStreamBeginCaptureToGraph,
+ * or destroyed. */
+static void got_graph(CUgraph g)
+{
+    if (!g || g == kept_graph)
+        return;
+    if (!kept_graph)
+        kept_graph = g;
+    else
+        cuGraphDestroy(g);
+}
+
 static void end_capture(struct mstream *s)
 {
     CUgraph g = NULL;
-    expect_rc("cuStreamEndCapture", cuStreamEndCapture(s->h, &g), CUDA_SUCCESS);
-    if (g)
-        cuGraphDestroy(g);
-    s->capturing = false;
+    struct nowait m;
+    nowait_begin(&m, "cuStreamEndCapture");
+    CUresult rc = cuStreamEndCapture(s->h, &g);
+    nowait_end(&m, true);
+    expect_rc("cuStreamEndCapture", rc,
+              s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    got_graph(g);
+    s->capturing = s->invalidated = false;
+}
+
+/* Ends the capture of context c's per-thread stream (made current for it). */
+static void end_pt_capture(int c, bool ptsz)
+{
+    CUcontext popped;
+    CUgraph g = NULL;
+    struct nowait m;
+    expect_rc("cuCtxPushCurrent", cuCtxPushCurrent(ctxs[c].h), CUDA_SUCCESS);
+    CUresult (*end_ptsz)(CUstream, CUgraph *) =
+        (CUresult(*)(CUstream, CUgraph *))dlsym(RTLD_DEFAULT, "cuStreamEndCapture_ptsz");
+    nowait_begin(&m, ptsz ? "cuStreamEndCapture_ptsz(0)"
+                          : "cuStreamEndCapture(CU_STREAM_PER_THREAD)");
+    CUresult rc = ptsz ? end_ptsz(NULL, &g) : cuStreamEndCapture(CU_STREAM_PER_THREAD, &g);
+    nowait_end(&m, true);
+    expect_rc("cuStreamEndCapture of the per-thread stream", rc,
+              ctxs[c].pt_invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    expect_rc("cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    got_graph(g);
+    ctxs[c].pt_capturing = ctxs[c].pt_invalidated = false;
 }
 
 /* Before context c goes: its captures end, and contexts whose kernels used
  * its memory finish them (the teardown frees that memory under them). */
 static void before_teardown(int c)
 {
+    spin_stop(); /* a teardown may wait (and so may the synchronisations below) */
+    if (ctxs[c].pt_capturing)
+        end_pt_capture(c, false);
     for (int i = 0; i < nstreams; i++)
         if (streams[i].alive && streams[i].ctx == c && streams[i].capturing)
             end_capture(&streams[i]);
@@ -315,13 +563,20 @@ static void torn_down(int c)
     for (int i = 0; i < nstreams; i++)
         if (streams[i].ctx == c)
             streams[i].alive = false;
+    spin_stream[c] = NULL;
+    spin_of[c] = 0;
+    ctxs[c].pt_capturing = ctxs[c].pt_invalidated = false;
     for (int i = 0; i < nobjs; i++) {
+        drop_events(&objs[i], c, false); /* the events of its streams went with it */
         if (objs[i].ctx != c || objs[i].kind == K_LIBRARY)
             continue;
-        if (objs[i].state == LIVE)
+        if (objs[i].state == LIVE) {
             objs[i].state = TORN;
-        else if (objs[i].state == RELEASED)
+            if (objs[i].kind == K_REGISTERED) /* the teardown undid it */
+                canary_fill(objs[i].key, objs[i].bytes);
+        } else if (objs[i].state == RELEASED) {
             objs[i].state = RELEASED_TORN;
+        }
     }
 }
 
@@ -337,7 +592,22 @@ static void op_ctx_create(struct input *in)
     if (slot < 0)
         return;
     CUcontext h;
-    expect_rc("cuCtxCreate", cuCtxCreate(&h, NULL, 0, (CUdevice)dev), CUDA_SUCCESS);
+    static const char *const names[] = {"cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3",
+                                        "cuCtxCreate_v4"};
+    unsigned version = u8(in) % 4;
+    void *fn = dlsym(RTLD_DEFAULT, names[version]);
+    struct nowait m;
+    CUresult rc;
+    nowait_begin(&m, names[version]);
+    if (version < 2)
+        rc = ((CUresult(*)(CUcontext *, unsigned, CUdevice))fn)(&h, 0, (CUdevice)dev);
+    else if (version == 2)
+        rc = ((CUresult(*)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice))fn)(
+            &h, NULL, 0, 0, (CUdevice)dev);
+    else
+        rc = cuCtxCreate(&h, NULL, 0, (CUdevice)dev);
+    nowait_end(&m, true);
+    expect_rc(names[version], rc, CUDA_SUCCESS);
     /* The shim sets a context up when it is created (or retained). */
     ctxs[slot] = (struct mctx){.h = h, .dev = dev, .exists = true, .alive = true, .known = true};
 }
@@ -358,10 +628,12 @@ static void op_ctx_destroy(struct input *in)
     torn_down(c);
 }
 
+/* A context the program may make current (not a green context's, which
+ * op_green uses on its own). */
 static int pick_ctx(struct input *in)
 {
     int c = (int)(u8(in) % (MAX_CTX + 1));
-    return c < MAX_CTX && ctxs[c].exists ? c : -1;
+    return c < MAX_CTX && ctxs[c].exists && !ctxs[c].green ? c : -1;
 }
 
 static void op_ctx_set(struct input *in)
@@ -404,8 +676,11 @@ static void op_primary(struct input *in)
     case 0:
     case 1: { /* retain (and make current half of the time) */
         CUcontext h;
-        expect_rc("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&h, (CUdevice)dev),
-                  CUDA_SUCCESS);
+        struct nowait m;
+        nowait_begin(&m, "cuDevicePrimaryCtxRetain");
+        CUresult rc = cuDevicePrimaryCtxRetain(&h, (CUdevice)dev);
+        nowait_end(&m, true);
+        expect_rc("cuDevicePrimaryCtxRetain", rc, CUDA_SUCCESS);
         if (c->exists && c->h != h)
             FAIL("the primary context of device %d changed handle", dev);
         if (!c->alive)
@@ -422,14 +697,22 @@ static void op_primary(struct input *in)
                       cuDevicePrimaryCtxRelease((CUdevice)dev), CUDA_ERROR_INVALID_CONTEXT);
             break;
         }
-        if (prim_refs[dev] == 1)
-            before_teardown(dev);
-        expect_rc("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease((CUdevice)dev),
-                  CUDA_SUCCESS);
+        if (prim_refs[dev] == 1) {
+            before_teardown(dev); /* the last release: allowed to wait */
+            expect_rc("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease((CUdevice)dev),
+                      CUDA_SUCCESS);
+        } else {
+            struct nowait m;
+            nowait_begin(&m, "cuDevicePrimaryCtxRelease (not the last)");
+            CUresult rc = cuDevicePrimaryCtxRelease((CUdevice)dev);
+            nowait_end(&m, true);
+            expect_rc("cuDevicePrimaryCtxRelease", rc, CUDA_SUCCESS);
+        }
         if (--prim_refs[dev] == 0)
             torn_down(dev);
         break;
     case 3: /* reset */
+        spin_stop();
         if (c->alive)
             before_teardown(dev);
         expect_rc("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset((CUdevice)dev),
@@ -454,6 +737,7 @@ static CUresult context_front(int *slot)
 
 static void op_sync(struct input *in)
 {
+    spin_stop(); /* allowed to wait */
     if (u8(in) & 1) {
         int c = pick_ctx(in);
         if (c < 0 || !ctxs[c].alive)
@@ -473,7 +757,11 @@ static void op_stream_create(struct input *in)
     int slot;
     CUresult want = context_front(&slot);
     CUstream s = NULL;
-    expect_rc("cuStreamCreate", cuStreamCreate(&s, flags), want);
+    struct nowait m;
+    nowait_begin(&m, "cuStreamCreate");
+    CUresult rc = cuStreamCreate(&s, flags);
+    nowait_end(&m, want == CUDA_SUCCESS);
+    expect_rc("cuStreamCreate", rc, want);
     if (want != CUDA_SUCCESS)
         return;
     ctxs[slot].known = true;
@@ -482,7 +770,8 @@ static void op_stream_create(struct input *in)
         expect_rc("cuStreamDestroy", cuStreamDestroy(s), CUDA_SUCCESS);
         return;
     }
-    streams[i] = (struct mstream){s, slot, true, flags == CU_STREAM_NON_BLOCKING, false};
+    streams[i] = (struct mstream){.h = s, .ctx = slot, .alive = true,
+                                  .nonblocking = flags == CU_STREAM_NON_BLOCKING};
 }
 
 static struct mstream *pick_stream(struct input *in)
@@ -493,33 +782,133 @@ static struct mstream *pick_stream(struct input *in)
     return s->alive ? s : NULL;
 }
 
+/* Destroys a stream; one that captures is destroyed in the middle of its
+ * capture half of the time (the capture is then invalidated and ends). */
 static void op_stream_destroy(struct input *in)
 {
     struct mstream *s = pick_stream(in);
+    bool mid_capture = u8(in) & 1;
     if (!s)
         return;
-    if (s->capturing)
+    if (s->capturing && !mid_capture)
         end_capture(s);
-    expect_rc("cuStreamDestroy", cuStreamDestroy(s->h), CUDA_SUCCESS);
-    s->alive = false;
+    struct nowait m;
+    nowait_begin(&m, s->capturing ? "cuStreamDestroy (in the middle of a capture)"
+                                   : "cuStreamDestroy");
+    CUresult rc = cuStreamDestroy(s->h);
+    nowait_end(&m, true);
+    expect_rc("cuStreamDestroy", rc, CUDA_SUCCESS);
+    if (s->capturing && !s->invalidated)
+        invalidated_expected++;
+    s->alive = s->capturing = s->invalidated = false;
 }
 
+typedef CUresult (*capture_fn)(CUstream);
+typedef CUresult (*capture_v2_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*to_graph_fn)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
+                                size_t, CUstreamCaptureMode);
+
+/* Begins a RELAXED capture: of a created stream (cuStreamBeginCapture_v2,
+ * or cuStreamBeginCaptureToGraph), or of the current context's per-thread
+ * stream (CU_STREAM_PER_THREAD, or stream 0 through cuStreamBeginCapture_v2_ptsz
+ * or cuStreamBeginCaptureToGraph_ptsz); ends one (through either name);
+ * invalidates one (a query of its stream: the program's doing); or makes a
+ * GLOBAL capture of a launch (cuStreamBeginCapture, cuStreamBeginCapture_ptsz)
+ * that ends at once. */
 static void op_capture(struct input *in)
 {
-    struct mstream *s = pick_stream(in);
-    if (!s)
-        return;
-    if (s->capturing) {
-        end_capture(s);
+    unsigned how = u8(in), b = u8(in);
+    const CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    struct nowait m;
+    CUresult rc;
+    int slot;
+    if (how % 4 == 0 || how % 4 == 1) { /* a created stream */
+        struct mstream *s = pick_stream(in);
+        if (!s)
+            return;
+        if (s->capturing && !s->invalidated && b % 4 == 0) {
+            expect_rc("cuStreamQuery of a capturing stream", cuStreamQuery(s->h),
+                      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            s->invalidated = true;
+            invalidated_expected++;
+        } else if (s->capturing) {
+            end_capture(s);
+        } else if (how % 4 == 1 && kept_graph) {
+            nowait_begin(&m, "cuStreamBeginCaptureToGraph");
+            rc = cuStreamBeginCaptureToGraph(s->h, kept_graph, NULL, NULL, 0, relaxed);
+            nowait_end(&m, true);
+            expect_rc("cuStreamBeginCaptureToGraph", rc, CUDA_SUCCESS);
+            s->capturing = true;
+        } else {
+            nowait_begin(&m, "cuStreamBeginCapture_v2");
+            rc = cuStreamBeginCapture_v2(s->h, relaxed);
+            nowait_end(&m, true);
+            expect_rc("cuStreamBeginCapture_v2", rc, CUDA_SUCCESS);
+            s->capturing = true;
+        }
         return;
     }
-    expect_rc("cuStreamBeginCapture_v2",
-              cuStreamBeginCapture_v2(s->h, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    s->capturing = true;
+    if (current(&slot) != CUR_LIVE)
+        return;
+    struct mctx *c = &ctxs[slot];
+    if (how % 4 == 2) { /* the per-thread stream */
+        if (c->pt_capturing && !c->pt_invalidated && b % 4 == 0) {
+            expect_rc("cuStreamQuery of the capturing per-thread stream",
+                      cuStreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            c->pt_invalidated = true;
+            invalidated_expected++;
+        } else if (c->pt_capturing) {
+            end_pt_capture(slot, b & 1);
+        } else {
+            const char *name = b & 2 ? kept_graph ? "cuStreamBeginCaptureToGraph_ptsz"
+                                                  : "cuStreamBeginCapture_v2_ptsz"
+                                     : "cuStreamBeginCapture_v2(CU_STREAM_PER_THREAD)";
+            void *fn = dlsym(RTLD_DEFAULT, b & 2 ? kept_graph ? "cuStreamBeginCaptureToGraph_ptsz"
+                                                              : "cuStreamBeginCapture_v2_ptsz"
+                                                 : "cuStreamBeginCapture_v2");
+            nowait_begin(&m, name);
+            if (!(b & 2))
+                rc = ((capture_v2_fn)fn)(CU_STREAM_PER_THREAD, relaxed);
+            else if (kept_graph)
+                rc = ((to_graph_fn)fn)(NULL, kept_graph, NULL, NULL, 0, relaxed);
+            else
+                rc = ((capture_v2_fn)fn)(NULL, relaxed);
+            nowait_end(&m, true);
+            expect_rc(name, rc, CUDA_SUCCESS);
+            c->pt_capturing = true;
+        }
+        return;
+    }
+    /* A GLOBAL capture of one launch: the thread makes no other call
+     * meanwhile. */
+    struct mstream *s = b & 1 ? pick_stream(in) : NULL;
+    if ((b & 1) && (!s || s->capturing || s->ctx != slot))
+        return;
+    if (!(b & 1) && c->pt_capturing)
+        return;
+    CUstream h = s ? s->h : NULL;
+    capture_fn begin = (capture_fn)dlsym(RTLD_DEFAULT, s ? "cuStreamBeginCapture"
+                                                         : "cuStreamBeginCapture_ptsz");
+    nowait_begin(&m, s ? "cuStreamBeginCapture (GLOBAL)" : "cuStreamBeginCapture_ptsz (GLOBAL)");
+    rc = begin(h);
+    nowait_end(&m, true);
+    expect_rc("cuStreamBeginCapture (GLOBAL)", rc, CUDA_SUCCESS);
+    expect_rc("testdrv_launch (captured)", testdrv_launch(s ? h : CU_STREAM_PER_THREAD, 10, 0, 0,
+                                                          TESTDRV_NONE), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CUresult (*end_ptsz)(CUstream, CUgraph *) =
+        (CUresult(*)(CUstream, CUgraph *))dlsym(RTLD_DEFAULT, "cuStreamEndCapture_ptsz");
+    nowait_begin(&m, "cuStreamEndCapture (GLOBAL)");
+    rc = s ? cuStreamEndCapture(h, &g) : end_ptsz(NULL, &g);
+    nowait_end(&m, true);
+    expect_rc("cuStreamEndCapture (GLOBAL)", rc, CUDA_SUCCESS);
+    got_graph(g);
 }
 
 static bool blocking_capture_in(int c)
 {
+    if (ctxs[c].pt_capturing)
+        return true; /* a per-thread stream is a blocking one */
     for (int i = 0; i < nstreams; i++)
         if (streams[i].alive && streams[i].ctx == c && streams[i].capturing &&
             !streams[i].nonblocking)
@@ -535,22 +924,27 @@ static void op_launch(struct input *in)
      * per-thread default stream. */
     CUstream h;
     int sctx;
-    bool user = false, per_thread = false;
+    bool user = false, per_thread = false, captured;
     if (nstreams && which % 4 != 3) {
         struct mstream *s = &streams[which / 4 % nstreams];
-        if (!s->alive)
-            return;
+        if (!s->alive || s->invalidated)
+            return; /* work on an invalidated capture fails, as the program knows */
         h = s->h;
         sctx = s->ctx;
         user = true;
+        captured = s->capturing;
     } else {
         if (current(&sctx) != CUR_LIVE)
             return;
         per_thread = which & 0x80;
         if (!per_thread && blocking_capture_in(sctx))
             return; /* the legacy stream would invalidate that capture */
+        if (per_thread && ctxs[sctx].pt_invalidated)
+            return;
         h = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+        captured = per_thread && ctxs[sctx].pt_capturing;
     }
+    struct mobj *writes_registered = NULL;
     /* The memory: a live object, or none. */
     CUdeviceptr ptr = 0;
     size_t bytes = 0;
@@ -577,8 +971,37 @@ static void op_launch(struct input *in)
         access = o->readonly || (how & 0x80) ? TESTDRV_READ : TESTDRV_WRITE;
         if (cross)
             ctxs[sctx].used_memory_of |= 1u << o->ctx;
+        if (o->kind == K_REGISTERED && access == TESTDRV_WRITE && !captured)
+            writes_registered = o;
+    }
+    /* A kernel that writes registered pages: an event after it (in the
+     * stream's context) tells, at the unregister, whether it has finished. */
+    int slot = -1;
+    if (writes_registered) {
+        struct mobj *o = writes_registered;
+        for (int k = 0; k < 4 && slot < 0; k++)
+            if (o->ev[k] && o->ev_stream[k] == h && o->ev_ctx[k] == sctx)
+                slot = k;
+        for (int k = 0; k < 4 && slot < 0; k++)
+            if (!o->ev[k])
+                slot = k;
+        if (slot < 0)
+            access = TESTDRV_READ; /* no event left: this one only reads */
     }
     expect_rc("testdrv_launch", testdrv_launch(h, usec, ptr, bytes, access), CUDA_SUCCESS);
+    if (slot >= 0) {
+        struct mobj *o = writes_registered;
+        CUcontext popped;
+        if (!o->ev[slot]) {
+            expect_rc("cuCtxPushCurrent", cuCtxPushCurrent(ctxs[sctx].h), CUDA_SUCCESS);
+            expect_rc("cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
+                      CUDA_SUCCESS);
+            expect_rc("cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+        }
+        o->ev_stream[slot] = h;
+        o->ev_ctx[slot] = sctx;
+        expect_rc("cuEventRecord", cuEventRecord(o->ev[slot], h), CUDA_SUCCESS);
+    }
 }
 
 /* ---- allocations --------------------------------------------------------- */
@@ -611,18 +1034,52 @@ static void expect_alloc(const char *what, enum mkind kind, CUresult got, CUresu
     expect_rc(what, got, want);
 }
 
+/* Before an allocating call: one that cannot fit without what cudefer gives
+ * back is allowed to wait (the kernels that wait for the host are released
+ * first, and it is not judged); true when it is judged. */
+static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, size_t bytes)
+{
+    if (needs_reclaim(k, bytes)) {
+        spin_stop();
+        return false;
+    }
+    nowait_begin(m, what);
+    return true;
+}
+
+static void alloc_end(const struct nowait *m, bool judged, CUresult want)
+{
+    if (judged)
+        nowait_end(m, want == CUDA_SUCCESS);
+}
+
+/* Does [lo, lo + n) overlap a registration the program released, whose
+ * unregister cudefer may still hold? */
+static bool overlaps_released_registration(uintptr_t lo, size_t n)
+{
+    for (int i = 0; i < nobjs; i++)
+        if (objs[i].kind == K_REGISTERED && objs[i].state == RELEASED && objs[i].key < lo + n &&
+            lo < objs[i].key + objs[i].bytes)
+            return true;
+    return false;
+}
+
 static void op_alloc(struct input *in)
 {
     unsigned k = u8(in) % 11;
     int slot;
     CUresult rc, want;
+    struct nowait m;
+    bool judged;
     switch (k) {
     case 0:
     case 1: {
         size_t n = pick_size(in);
         CUdeviceptr p = 0;
         want = alloc_front(K_DEVICE, &slot, n);
+        judged = alloc_begin(&m, "cuMemAlloc", K_DEVICE, n);
         rc = cuMemAlloc(&p, n);
+        alloc_end(&m, judged, want);
         expect_alloc("cuMemAlloc", K_DEVICE, rc, want);
         if (rc == CUDA_SUCCESS)
             add_obj(K_DEVICE, (uintptr_t)p, n, slot, false);
@@ -635,7 +1092,9 @@ static void op_alloc(struct input *in)
         size_t n = (w + 511) / 512 * 512 * hgt;
         CUdeviceptr p = 0;
         want = alloc_front(K_DEVICE, &slot, n);
+        judged = alloc_begin(&m, "cuMemAllocPitch", K_DEVICE, n);
         rc = cuMemAllocPitch(&p, &pitch, w, hgt, e);
+        alloc_end(&m, judged, want);
         expect_alloc("cuMemAllocPitch", K_DEVICE, rc, want);
         if (rc == CUDA_SUCCESS)
             add_obj(K_DEVICE, (uintptr_t)p, pitch * hgt, slot, false);
@@ -646,7 +1105,9 @@ static void op_alloc(struct input *in)
         unsigned flags = u8(in) & 1 ? CU_MEM_ATTACH_HOST : CU_MEM_ATTACH_GLOBAL;
         CUdeviceptr p = 0;
         want = alloc_front(K_MANAGED, &slot, n);
+        judged = alloc_begin(&m, "cuMemAllocManaged", K_MANAGED, n);
         rc = cuMemAllocManaged(&p, n, flags);
+        alloc_end(&m, judged, want);
         expect_alloc("cuMemAllocManaged", K_MANAGED, rc, want);
         if (rc == CUDA_SUCCESS)
             add_obj(K_MANAGED, (uintptr_t)p, n, slot, false);
@@ -658,6 +1119,7 @@ static void op_alloc(struct input *in)
         unsigned b = u8(in);
         void *p = NULL;
         want = alloc_front(K_HOST, &slot, n);
+        judged = alloc_begin(&m, b & 1 ? "cuMemAllocHost" : "cuMemHostAlloc", K_HOST, n);
         if (b & 1) {
             rc = cuMemAllocHost(&p, n);
         } else {
@@ -665,6 +1127,7 @@ static void op_alloc(struct input *in)
                                        CU_MEMHOSTALLOC_WRITECOMBINED);
             rc = cuMemHostAlloc(&p, n, flags);
         }
+        alloc_end(&m, judged, want);
         expect_alloc("cuMemAllocHost/cuMemHostAlloc", K_HOST, rc, want);
         if (rc == CUDA_SUCCESS)
             add_obj(K_HOST, (uintptr_t)p, n, slot, false);
@@ -684,7 +1147,17 @@ static void op_alloc(struct input *in)
             if (objs[i].state == LIVE && objs[i].kind == K_REGISTERED &&
                 objs[i].key < lo + n && lo < objs[i].key + objs[i].bytes)
                 want = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        canary_check(first, (int)count);
+        /* Over a range whose unregister cudefer may still hold: allowed to
+         * wait (the unregister is done first). */
+        if (overlaps_released_registration(lo, n)) {
+            spin_stop();
+            judged = false;
+        } else {
+            judged = alloc_begin(&m, "cuMemHostRegister", K_REGISTERED, n);
+        }
         rc = cuMemHostRegister((void *)lo, n, flags);
+        alloc_end(&m, judged, want);
         expect_rc("cuMemHostRegister", rc, want);
         if (rc == CUDA_SUCCESS)
             add_obj(K_REGISTERED, lo, n, slot, flags & CU_MEMHOSTREGISTER_READ_ONLY);
@@ -700,11 +1173,14 @@ static void op_alloc(struct input *in)
         size_t n = w * (hgt ? hgt : 1) * (d ? d : 1) * ch * fbytes[f];
         bool mip = k == 8 && (u8(in) & 1);
         want = alloc_front(K_ARRAY, &slot, n);
+        judged = alloc_begin(&m, k == 7 ? "cuArrayCreate" : mip ? "cuMipmappedArrayCreate"
+                                                               : "cuArray3DCreate", K_ARRAY, n);
         if (k == 7) {
             CUDA_ARRAY_DESCRIPTOR desc = {.Width = w, .Height = hgt, .Format = formats[f],
                                           .NumChannels = ch};
             CUarray a = NULL;
             rc = cuArrayCreate(&a, &desc);
+            alloc_end(&m, judged, want);
             expect_alloc("cuArrayCreate", K_ARRAY, rc, want);
             if (rc == CUDA_SUCCESS)
                 add_obj(K_ARRAY, (uintptr_t)a, n, slot, false);
@@ -712,14 +1188,16 @@ static void op_alloc(struct input *in)
             CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = w, .Height = hgt, .Depth = d,
                                             .Format = formats[f], .NumChannels = ch};
             if (mip) {
-                CUmipmappedArray m = NULL;
-                rc = cuMipmappedArrayCreate(&m, &desc, u8(in) % 4 + 1);
+                CUmipmappedArray mm = NULL;
+                rc = cuMipmappedArrayCreate(&mm, &desc, u8(in) % 4 + 1);
+                alloc_end(&m, judged, want);
                 expect_alloc("cuMipmappedArrayCreate", K_MIPMAP, rc, want);
                 if (rc == CUDA_SUCCESS)
-                    add_obj(K_MIPMAP, (uintptr_t)m, n, slot, false);
+                    add_obj(K_MIPMAP, (uintptr_t)mm, n, slot, false);
             } else {
                 CUarray a = NULL;
                 rc = cuArray3DCreate(&a, &desc);
+                alloc_end(&m, judged, want);
                 expect_alloc("cuArray3DCreate", K_ARRAY, rc, want);
                 if (rc == CUDA_SUCCESS)
                     add_obj(K_ARRAY, (uintptr_t)a, n, slot, false);
@@ -729,12 +1207,13 @@ static void op_alloc(struct input *in)
     }
     case 9: {
         static const char image[] = "// any image loads in the test driver\n";
-        CUmodule m = NULL;
+        CUmodule mod = NULL;
         want = context_front(&slot);
-        rc = cuModuleLoadData(&m, image);
+        spin_stop(); /* a load waits for the GPU in the driver too */
+        rc = cuModuleLoadData(&mod, image);
         expect_rc("cuModuleLoadData", rc, want);
         if (rc == CUDA_SUCCESS)
-            add_obj(K_MODULE, (uintptr_t)m, 0, slot, false);
+            add_obj(K_MODULE, (uintptr_t)mod, 0, slot, false);
         break;
     }
     case 10: {
@@ -743,7 +1222,9 @@ static void op_alloc(struct input *in)
         enum cur cur = current(&slot);
         if (cur == CUR_DEAD)
             touched_dead = true;
+        judged = alloc_begin(&m, "cuLibraryLoadData", K_LIBRARY, 0);
         rc = cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+        alloc_end(&m, judged, CUDA_SUCCESS);
         expect_rc("cuLibraryLoadData", rc, CUDA_SUCCESS);
         /* Loaded into the current context too, half of the time: its
          * unload then waits for that context. */
@@ -751,7 +1232,13 @@ static void op_alloc(struct input *in)
             CUkernel kern;
             CUfunction fn;
             expect_rc("cuLibraryGetKernel", cuLibraryGetKernel(&kern, lib, "k"), CUDA_SUCCESS);
-            expect_rc("cuKernelGetFunction", cuKernelGetFunction(&fn, kern), CUDA_SUCCESS);
+            nowait_begin(&m, "cuKernelGetFunction");
+            rc = cuKernelGetFunction(&fn, kern);
+            nowait_end(&m, true);
+            expect_rc("cuKernelGetFunction", rc, CUDA_SUCCESS);
+            add_obj(K_LIBRARY, (uintptr_t)lib, 0, slot, false);
+            objs[nobjs - 1].loaded = true;
+            break;
         }
         add_obj(K_LIBRARY, (uintptr_t)lib, 0, cur == CUR_LIVE ? slot : -1, false);
         break;
@@ -879,18 +1366,156 @@ static void op_release(struct input *in)
         touched_dead = true;
     if (key - (uintptr_t)reg_arena < REG_PAGES * PAGE)
         touched_dead = true;
-    struct mobj *before = any_at(key);
+    struct mobj *before = any_at(key), *live = live_at(key);
     enum ostate state = before ? before->state : LIVE;
     CUresult also;
     CUresult want = model_release(call, key, &also);
-    CUresult got = do_release(call, key);
+    CUresult got;
+    struct nowait m;
+    if (call == R_UNREGISTER) {
+        /* May wait for the work submitted before it: the kernels that wait
+         * for the host are released first. */
+        spin_stop();
+        got = do_release(call, key);
+    } else {
+        /* The release of a live object must not reach a waiting call of the
+         * driver; anything else (NULL, errors, the unload of a library never
+         * loaded into a context, which the driver does at once) may, if it
+         * does not block. */
+        bool may_reach = !live || (live->kind == K_LIBRARY && !live->loaded);
+        nowait_begin(&m, rcall_names[call]);
+        got = do_release(call, key);
+        nowait_end(&m, want == CUDA_SUCCESS && !may_reach);
+    }
     TRACE("  %s(%#lx) -> %d (model %d)", rcall_names[call], (unsigned long)key, (int)got,
           (int)want);
+    if (call == R_UNREGISTER && got == CUDA_SUCCESS && live && live->kind == K_REGISTERED) {
+        /* Returned: no kernel submitted before it still writes the pages. */
+        for (int k = 0; k < 4 && !(skipped && strstr(skipped, "pages")); k++)
+            if (live->ev[k] && cuEventQuery(live->ev[k]) == CUDA_ERROR_NOT_READY)
+                FAIL("cuMemHostUnregister(%#lx) returned while a kernel that writes its pages "
+                     "(submitted before it) still ran", (unsigned long)key);
+        drop_events(live, -1, true);
+        canary_fill(live->key, live->bytes);
+    }
     if (got == want || (also != CUDA_SUCCESS && got == also))
         return;
     FAIL("%s(%#lx) returned %d, the driver would return %d (object: %s, state %d)",
          rcall_names[call], (unsigned long)key, (int)got, (int)want,
          before ? kind_names[before->kind] : "none", before ? (int)state : -1);
+}
+
+/* ---- green contexts -------------------------------------------------------- */
+
+typedef CUresult (*get_resource_fn)(CUdevice, CUdevResource *, CUdevResourceType);
+typedef CUresult (*split_fn)(CUdevResource *, unsigned *, const CUdevResource *,
+                             CUdevResource *, unsigned, unsigned);
+typedef CUresult (*gen_desc_fn)(CUdevResourceDesc *, CUdevResource *, unsigned);
+typedef CUresult (*green_create_fn)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+typedef CUresult (*green_fn)(CUgreenCtx);
+typedef CUresult (*ctx_from_green_fn)(CUcontext *, CUgreenCtx);
+typedef CUresult (*green_stream_fn)(CUstream *, CUgreenCtx, unsigned, int);
+
+/* A green context of a device whose primary context the program holds
+ * (testdriver.h: what is made while it is current belongs to that primary
+ * context and outlives it): made current, a stream of it, a block
+ * allocated, written by a kernel on the green stream and released, then
+ * the green context destroyed (its stream's work runs on). Skipped when the
+ * driver has no green contexts. */
+static void op_green(struct input *in)
+{
+    static bool looked, have;
+    static get_resource_fn get_resource;
+    static split_fn split;
+    static gen_desc_fn gen_desc;
+    static green_create_fn create;
+    static green_fn destroy;
+    static ctx_from_green_fn ctx_from;
+    static green_stream_fn green_stream;
+    if (!looked) {
+        looked = true;
+        get_resource = (get_resource_fn)dlsym(RTLD_DEFAULT, "cuDeviceGetDevResource");
+        split = (split_fn)dlsym(RTLD_DEFAULT, "cuDevSmResourceSplitByCount");
+        gen_desc = (gen_desc_fn)dlsym(RTLD_DEFAULT, "cuDevResourceGenerateDesc");
+        create = (green_create_fn)dlsym(RTLD_DEFAULT, "cuGreenCtxCreate");
+        destroy = (green_fn)dlsym(RTLD_DEFAULT, "cuGreenCtxDestroy");
+        ctx_from = (ctx_from_green_fn)dlsym(RTLD_DEFAULT, "cuCtxFromGreenCtx");
+        green_stream = (green_stream_fn)dlsym(RTLD_DEFAULT, "cuGreenCtxStreamCreate");
+        have = get_resource && split && gen_desc && create && destroy && ctx_from &&
+               green_stream;
+    }
+    int dev = (int)(u8(in) % NDEV), slot = -1;
+    unsigned usec = u8(in) * 8;
+    if (!have || !ctxs[dev].alive || !prim_refs[dev] || nstreams == MAX_STREAMS)
+        return;
+    for (int i = NDEV; i < MAX_CTX && slot < 0; i++)
+        if (!ctxs[i].exists)
+            slot = i;
+    if (slot < 0)
+        return;
+    CUdevResource all, group, rest;
+    CUdevResourceDesc desc;
+    CUgreenCtx g = NULL;
+    unsigned n = 1;
+    CUresult rc = get_resource((CUdevice)dev, &all, CU_DEV_RESOURCE_TYPE_SM);
+    if (rc == CUDA_SUCCESS)
+        rc = split(&group, &n, &all, &rest, 0, 16);
+    if (rc == CUDA_SUCCESS)
+        rc = gen_desc(&desc, &group, 1);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED)
+        return; /* a driver version without green contexts */
+    expect_rc("cuDevResourceGenerateDesc", rc, CUDA_SUCCESS);
+    expect_rc("cuGreenCtxCreate", create(&g, desc, (CUdevice)dev, CU_GREEN_CTX_DEFAULT_STREAM),
+              CUDA_SUCCESS);
+    CUcontext h = NULL;
+    struct nowait m;
+    nowait_begin(&m, "cuCtxFromGreenCtx");
+    rc = ctx_from(&h, g);
+    nowait_end(&m, true);
+    expect_rc("cuCtxFromGreenCtx", rc, CUDA_SUCCESS);
+    ctxs[slot] = (struct mctx){.h = h, .dev = dev, .exists = true, .alive = true, .known = true,
+                               .green = true};
+    TRACE("  green context %d on device %d", slot, dev);
+    expect_rc("cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
+    CUstream s = NULL;
+    nowait_begin(&m, "cuGreenCtxStreamCreate");
+    rc = green_stream(&s, g, CU_STREAM_NON_BLOCKING, 0);
+    nowait_end(&m, rc != CUDA_ERROR_NOT_SUPPORTED);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED) /* before 12.5: a stream made while it is current */
+        rc = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    expect_rc("cuGreenCtxStreamCreate", rc, CUDA_SUCCESS);
+    streams[nstreams++] = (struct mstream){.h = s, .ctx = slot, .alive = true, .nonblocking = true};
+    /* A block of the primary context, written on the green stream, and
+     * released while the kernel may still run. */
+    int owner;
+    CUresult want = alloc_front(K_DEVICE, &owner, 4096);
+    CUdeviceptr p = 0;
+    bool judged =
+        alloc_begin(&m, "cuMemAlloc/green (with a green context current)", K_DEVICE, 4096);
+    rc = cuMemAlloc(&p, 4096);
+    alloc_end(&m, judged, want);
+    expect_alloc("cuMemAlloc (green context current)", K_DEVICE, rc, want);
+    if (rc == CUDA_SUCCESS) {
+        add_obj(K_DEVICE, (uintptr_t)p, 4096, dev, false);
+        expect_rc("testdrv_launch (green stream)",
+                  testdrv_launch(s, usec, p, 4096, TESTDRV_WRITE), CUDA_SUCCESS);
+        CUresult also;
+        want = model_release(R_FREE, (uintptr_t)p, &also);
+        nowait_begin(&m, "cuMemFree (of a block a green stream writes)");
+        rc = cuMemFree(p);
+        nowait_end(&m, true);
+        expect_rc("cuMemFree", rc, want);
+    }
+    CUcontext popped;
+    expect_rc("cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    nowait_begin(&m, "cuGreenCtxDestroy");
+    rc = destroy(g);
+    nowait_end(&m, true);
+    expect_rc("cuGreenCtxDestroy", rc, CUDA_SUCCESS);
+    ctxs[slot].alive = false;
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].ctx == slot)
+            streams[i].alive = false;
 }
 
 static void expect_live_counts(const char *when);
@@ -900,6 +1525,7 @@ static void expect_live_counts(const char *when);
 static void op_flush(struct input *in)
 {
     (void)in;
+    spin_stop(); /* allowed to wait */
     if (cudefer_flush() != 0)
         FAIL("cudefer_flush did not return 0");
     expect_live_counts("after cudefer_flush");
@@ -927,6 +1553,10 @@ static void expect_live_counts(const char *when)
 static void finish_input(void)
 {
     op_name = "end";
+    spin_stop();
+    for (int c = 0; c < MAX_CTX; c++)
+        if (ctxs[c].alive && ctxs[c].pt_capturing)
+            end_pt_capture(c, false);
     for (int i = 0; i < nstreams; i++)
         if (streams[i].alive && streams[i].capturing)
             end_capture(&streams[i]);
@@ -948,6 +1578,10 @@ static void finish_input(void)
         enum rcall call = right_call[objs[i].kind];
         expect_rc(rcall_names[call], do_release(call, objs[i].key), CUDA_SUCCESS);
         objs[i].state = RELEASED;
+        if (objs[i].kind == K_REGISTERED) {
+            drop_events(&objs[i], -1, true);
+            canary_fill(objs[i].key, objs[i].bytes);
+        }
     }
     op_flush(NULL);
     check_always();
@@ -975,6 +1609,7 @@ static void finish_input(void)
     if (!touched_dead && testdrv_dead_context_calls() != dead_calls_before)
         FAIL("the shim named a destroyed context (%llu calls) though the program did not",
              (unsigned long long)(testdrv_dead_context_calls() - dead_calls_before));
+    canary_check(0, REG_PAGES);
     /* Leave no current context behind. */
     CUcontext popped;
     while (cuCtxPopCurrent(&popped) == CUDA_SUCCESS)
@@ -988,13 +1623,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_LOG", "off", 0);
-    /* Small limits, so that the over-the-limit flush and the eviction of
-     * cached device blocks run too (scripts/fuzz.sh sets
-     * CUDEFER_DEVICE_CACHE=0 for fuzz_api_pre125: no cache at all). */
-    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "12", 0);
-    setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
+    /* A small device cache, so that the eviction of cached device blocks
+     * runs too (scripts/fuzz.sh sets CUDEFER_DEVICE_CACHE=0 for
+     * fuzz_api_pre125: no cache at all). The limits of the other kinds stay
+     * far above what an input holds: beyond them a release is the driver's
+     * own call, which waits (test_engine and the scenarios check that). */
+    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "1000000", 0);
+    setenv("CUDEFER_MAX_DEFERRED_BYTES", "1T", 0);
     setenv("CUDEFER_DEVICE_CACHE", "1M", 0);
     trace_path = getenv("FUZZ_API_TRACE");
+    unjudged = getenv("FUZZ_API_UNJUDGED");
+    skipped = getenv("FUZZ_API_SKIP");
     if (cuInit(0) != CUDA_SUCCESS) {
         fprintf(stderr, "fuzz_api: cuInit failed\n");
         exit(2);
@@ -1008,6 +1647,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_api: mmap failed\n");
         exit(2);
     }
+    /* The driver's one-time set-up of cuMemFreeAsync (10 ms, counted as
+     * time blocked), paid here: cudefer pays it when it sets up the first
+     * context. */
+    CUcontext first;
+    if (cuCtxCreate(&first, NULL, 0, 0) != CUDA_SUCCESS || cuCtxDestroy(first) != CUDA_SUCCESS) {
+        fprintf(stderr, "fuzz_api: no context\n");
+        exit(2);
+    }
+    pthread_t helper;
+    if (pthread_create(&helper, NULL, spin_helper, NULL) != 0) {
+        fprintf(stderr, "fuzz_api: no helper thread\n");
+        exit(2);
+    }
+    pthread_detach(helper);
     return 0;
 }
 
@@ -1027,6 +1680,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     touched_dead = false;
     dead_calls_before = testdrv_dead_context_calls();
+    invalidated_before = testdrv_invalidated_captures();
+    invalidated_expected = 0;
+    memset(spin_of, 0, sizeof spin_of);
+    memset(spin_stream, 0, sizeof spin_stream);
     if (trace_path) {
         if (trace)
             fclose(trace);
@@ -1057,6 +1714,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {"cudefer_flush", op_flush}, {"context create", op_ctx_create},
         {"context destroy", op_ctx_destroy}, {"set current", op_ctx_set},
         {"push/pop", op_ctx_push_pop}, {"primary", op_primary},
+        {"capture", op_capture},     {"green", op_green},
     };
     for (op_index = 0; in.n && op_index < 64; op_index++) {
         unsigned b = u8(&in) % (sizeof ops / sizeof ops[0]);
@@ -1071,7 +1729,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (cur == CUR_DEAD)
                 touched_dead = true;
         }
+        if (skipped && strstr(skipped, op_name))
+            continue;
+        spin_start();
+        atomic_store(&op_started_ns, now_ns());
         ops[b].fn(&in);
+        atomic_store(&op_started_ns, 0);
         check_always();
     }
     finish_input();

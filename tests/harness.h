@@ -1,0 +1,174 @@
+/* harness.h - what the plain-C harnesses over the test driver share
+ * (tests/race.c, tests/property.c): run parameters, a per-thread random
+ * stream, a per-thread history of the last operations, failure reports
+ * that can be replayed, a watchdog, the driver's entry points by name, and
+ * the canary of registered pages.
+ *
+ * The harnesses are plain C (no Criterion), so that they also run under
+ * ThreadSanitizer. A failure report names the invariant, the seed and the
+ * command that replays the run, and shows the last HX_SHOWN operations of
+ * the thread that saw the failure (and fewer of every other thread: a
+ * global invariant such as a dead-context call may have been broken by
+ * another thread's call).
+ */
+#ifndef CUDEFER_TESTS_HARNESS_H
+#define CUDEFER_TESTS_HARNESS_H
+
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HX_MAX_THREADS 64
+#define HX_HISTORY 32 /* operations remembered per thread */
+#define HX_SHOWN 20   /* of which a report shows, for the failing thread */
+#define HX_TEXT 160
+
+/* ---- the run ----------------------------------------------------------- */
+
+struct hx_run {
+    const char *name;         /* "race", "property": prefix of every line */
+    const char *env_prefix;   /* "RACE", "PROP" */
+    const char *argv0;
+    unsigned long long ops;   /* operations, all threads together */
+    int threads;
+    uint64_t seed;
+    unsigned timeout_s;       /* the watchdog's limit */
+    bool keep_going;          /* report every failure, not only the first */
+};
+
+extern struct hx_run hx;
+
+/* Reads OPS [THREADS [SEED]] from argv, else PREFIX_OPS, PREFIX_THREADS,
+ * PREFIX_SEED from the environment, else the defaults; PREFIX_TIMEOUT
+ * (seconds; default: the larger of 120 and ops / ops_per_s_floor) and
+ * PREFIX_KEEP_GOING. Exits with status 2 on a malformed value. */
+void hx_parse(int argc, char **argv, const char *name, const char *env_prefix,
+              unsigned long long default_ops, int default_threads,
+              unsigned long long ops_per_s_floor);
+
+/* ---- threads and their history ----------------------------------------- */
+
+struct hx_entry {
+    unsigned long long op;
+    char text[HX_TEXT];
+};
+
+struct hx_thread {
+    int index;
+    uint64_t rng;
+    unsigned long long ops;             /* this thread's share */
+    _Atomic unsigned long long done;    /* operations finished */
+    _Atomic(const char *) in_call;      /* the driver call under way, or NULL */
+    _Atomic uint64_t call_start_ns;
+    struct hx_entry hist[HX_HISTORY];
+    _Atomic unsigned nhist;             /* entries written so far */
+};
+
+/* The threads, registered by hx_thread_init (index < HX_MAX_THREADS). */
+extern struct hx_thread *hx_threads[HX_MAX_THREADS];
+
+/* Sets up t as thread index, with its own random stream from the seed. */
+void hx_thread_init(struct hx_thread *t, int index);
+
+uint64_t hx_random(struct hx_thread *t);
+/* A random number in [0, n). */
+unsigned hx_below(struct hx_thread *t, unsigned n);
+
+/* Starts a history entry for the next call (printf format) and marks the
+ * call under way (for the watchdog's report). */
+void hx_begin(struct hx_thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ends it with the call's result. */
+void hx_end(struct hx_thread *t, CUresult rc);
+/* Appends a note (no call) to the history. */
+void hx_note(struct hx_thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The name of a CUresult ("CUDA_ERROR_OUT_OF_MEMORY"), or its number. */
+const char *hx_rc(CUresult rc);
+
+/* ---- failures ------------------------------------------------------------ */
+
+/* Reports that invariant was broken (t: the thread that saw it, or NULL for
+ * the main thread): the seed, the replay command, the message, and the
+ * histories. Ends the process with status 1 unless hx.keep_going. */
+void hx_fail(struct hx_thread *t, const char *invariant, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Failures reported so far, and a one-line list of the invariants. */
+unsigned hx_failures(void);
+const char *hx_failed_invariants(void);
+
+/* ---- watchdog ------------------------------------------------------------ */
+
+/* Starts a thread that aborts the run with a report (the call each thread
+ * is in, and its history) if hx_watchdog_stop is not called within
+ * hx.timeout_s seconds. phase names what the main thread is doing. */
+void hx_watchdog_start(void);
+void hx_watchdog_phase(const char *phase);
+void hx_watchdog_stop(void);
+
+/* ---- driver entry points ------------------------------------------------- */
+
+/* dlsym(RTLD_DEFAULT, name): the preloaded shim's wrapper for a wrapped
+ * name (the shim answers dlsym), the test driver's function otherwise.
+ * hx_sym aborts the run if the name is missing; hx_sym_opt returns NULL. */
+void *hx_sym(const char *name);
+void *hx_sym_opt(const char *name);
+
+/* cudefer_flush, found with dlsym; -1 if the shim is not loaded. */
+int hx_flush(void);
+bool hx_shim_loaded(void);
+
+uint64_t hx_now_ns(void);
+
+/* ---- contexts --------------------------------------------------------------- */
+
+/* A context the harness works in. A correct program never uses the legacy
+ * stream of a context while a blocking stream of it (a created one without
+ * CU_STREAM_NON_BLOCKING, or a per-thread stream) captures: the driver
+ * would invalidate the capture. The two counts, under one lock, keep them
+ * apart: each enter returns false (and counts nothing) when the other kind
+ * is in use. */
+struct hx_ctx {
+    const char *name;
+    CUcontext h;
+    CUgreenCtx green;
+    int dev;
+    int legacy_users, blocking_captures;
+};
+
+bool hx_legacy_enter(struct hx_ctx *c);
+void hx_legacy_exit(struct hx_ctx *c);
+bool hx_blocking_capture_enter(struct hx_ctx *c);
+void hx_blocking_capture_exit(struct hx_ctx *c);
+
+/* cuCtxCreate of the given version (1: cuCtxCreate ... 4: cuCtxCreate_v4),
+ * reached by name. */
+CUresult hx_ctx_create(unsigned version, CUcontext *h, CUdevice dev);
+
+/* Green contexts, when the driver has them (found with dlsym). */
+bool hx_green_available(void);
+/* A green context of sms SMs of dev, and its CUcontext. */
+CUresult hx_green_create(CUdevice dev, unsigned sms, CUgreenCtx *g, CUcontext *h);
+CUresult hx_green_destroy(CUgreenCtx g);
+CUresult hx_green_stream(CUstream *s, CUgreenCtx g);
+
+/* ---- kernels that wait for the host --------------------------------------------- */
+
+/* Sets a flag that testdrv_launch_spin kernels poll. The store is made
+ * with process_vm_writev where it works (as the test driver writes its
+ * stamps): the driver's poll is a plain read, which ThreadSanitizer would
+ * otherwise report against the store. */
+void hx_set_flag(volatile int *flag);
+/* Clears it the same way (a late kernel of an earlier epoch may poll it). */
+void hx_clear_flag(volatile int *flag);
+
+/* ---- canaries of registered pages ------------------------------------------ */
+
+/* Fills a page with the canary of its (thread, page) pair. */
+void hx_canary_fill(unsigned char *page, size_t bytes, int thread, int index);
+/* Offset of the first byte that differs from the canary, or -1. */
+long hx_canary_check(const unsigned char *page, size_t bytes, int thread, int index);
+
+#endif
