@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# gpu-suite.sh - a pytest suite that this project did not write, run on a GPU
+# machine twice, without and with cudefer, and the two outcomes compared
+# test by test.
+#
+#     OUT=/some/folder scripts/gpu-suite.sh SUITE_DIR [PYTEST_ARGS...]
+#
+# SUITE_DIR holds the suite's files (fetched from its public repository and
+# carried to the machine, which has no network). Each run is made in the
+# cleaned environment (no LD_PRELOAD, no CUDEFER_*), the second with the
+# shim preloaded and CUDEFER_STATS=1. Writes $OUT/without.xml and
+# $OUT/with.xml (JUnit), $OUT/without.log and $OUT/with.log, and prints:
+# the counts of each run, every test whose outcome differs, and whether
+# cudefer printed anything on stderr besides its statistics.
+#
+# Environment: OUT (default ./gpu-out/suite), SUITE_LIMIT_S (each run's
+# limit, default 240).
+# Exit status: 0 when every test has the same outcome in both runs and
+# cudefer printed nothing else, 1 otherwise, 2 on bad use.
+set -u
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+CUDA=${CUDA_PATH:-/usr/local/cuda}
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
+
+if [ $# -lt 1 ] || [ ! -d "$1" ]; then
+    echo "usage: OUT=DIR scripts/gpu-suite.sh SUITE_DIR [PYTEST_ARGS...]" >&2
+    exit 2
+fi
+SUITE=$(cd "$1" && pwd)
+shift
+OUT_DIR=${OUT:-$ROOT/gpu-out/suite}
+LIMIT=${SUITE_LIMIT_S:-240}
+mkdir -p "$OUT_DIR" || exit 2
+
+BUILD=$ROOT/build-suite
+gl_build_shim "$BUILD" "$OUT_DIR/build.log" || {
+    say "gpu-suite: the shim did not build (see $OUT_DIR/build.log)"
+    exit 1
+}
+SHIM=$BUILD/shim/libcudefer.so
+gl_gpu_line
+gl_commit_line
+say "suite: $SUITE $*"
+
+run() {
+    local name=$1
+    shift
+    (cd "$SUITE" && gl_run "$LIMIT" "$OUT_DIR/$name.log" "$OUT_DIR/$name.err" "$@" \
+        python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT_DIR/$name.xml" "${ARGS[@]}" &&
+        say "$name: exit $GL_RC after $(gl_secs 1) s, $(tail -1 "$OUT_DIR/$name.log")")
+}
+ARGS=("$@")
+run without
+run with LD_PRELOAD="$SHIM" CUDEFER_STATS=1
+
+python3 - "$OUT_DIR" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+out = sys.argv[1]
+def outcomes(name):
+    res = {}
+    try:
+        root = ET.parse(f"{out}/{name}.xml").getroot()
+    except Exception as e:
+        print(f"{name}: no JUnit file ({e})")
+        return None
+    for tc in root.iter("testcase"):
+        key = tc.get("classname", "") + "::" + tc.get("name", "")
+        kind = "passed"
+        for child in tc:
+            if child.tag in ("failure", "error", "skipped"):
+                kind = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+        res[key] = kind
+    return res
+a, b = outcomes("without"), outcomes("with")
+if a is None or b is None:
+    sys.exit(1)
+for name, r in (("without", a), ("with", b)):
+    counts = {}
+    for v in r.values():
+        counts[v] = counts.get(v, 0) + 1
+    print(f"{name} cudefer: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+for k in diff:
+    print(f"DIFFERS: {k}: without {a.get(k, 'absent')}, with {b.get(k, 'absent')}")
+print(f"tests whose outcome differs: {len(diff)}")
+sys.exit(1 if diff else 0)
+EOF
+same=$?
+# What cudefer printed besides its statistics (CUDEFER_STATS=1).
+grep '^cudefer:' "$OUT_DIR/with.err" | grep -v -E '^cudefer: (statistics|  )' >"$OUT_DIR/with.cudefer" || true
+noise=$(wc -l <"$OUT_DIR/with.cudefer")
+say "lines cudefer printed besides its statistics: $noise"
+grep -A16 '^cudefer: statistics' "$OUT_DIR/with.err" | head -40
+[ "$same" -eq 0 ] && [ "$noise" -eq 0 ] && exit 0
+exit 1
