@@ -62,7 +62,7 @@ import re, sys
 out = sys.argv[1]
 # pytest -v prints "FILE::TEST OUTCOME [ n%]" as each test ends: a run
 # stopped by its limit still tells the tests it finished.
-line = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+line = re.compile(r"^(\S+::.+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: +\[ *\d+%\])?\s*$")
 def outcomes(name):
     res = {}
     with open(f"{out}/{name}.log", errors="replace") as f:
