@@ -806,7 +806,7 @@ static bool live_as_at_start(void)
     return testdrv_pending_free_bytes() == 0;
 }
 
-Test(scenarios, green_contexts_release_everything, .timeout = 20)
+static void green_contexts_release_everything(void)
 {
     CUcontext primary = test_context();
     CUdevice dev = device0();
@@ -830,7 +830,12 @@ Test(scenarios, green_contexts_release_everything, .timeout = 20)
         CU_OK(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
         CU_OK(cuCtxFromGreenCtx(&ctx, green));
         CU_OK(cuCtxSetCurrent(ctx));
-        CU_OK(cuGreenCtxStreamCreate(&s, green, CU_STREAM_NON_BLOCKING, 0));
+        int version = 0;
+        CU_OK(cuDriverGetVersion(&version));
+        if (version >= 12050)
+            CU_OK(cuGreenCtxStreamCreate(&s, green, CU_STREAM_NON_BLOCKING, 0));
+        else /* cuGreenCtxStreamCreate came with 12.5 */
+            CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
         CU_OK(cuMemAlloc(&d, 64 * MIB));
         CU_OK(testdrv_launch(s, 100000, d, MIB, TESTDRV_WRITE));
         sleep_ms(10);
@@ -839,6 +844,10 @@ Test(scenarios, green_contexts_release_everything, .timeout = 20)
         CU_OK(cuMemFreeHost(h));
         CU_OK(cuCtxSetCurrent(primary));
         CU_OK(cuGreenCtxDestroy(green));
+        /* A release after it: its fence must not name the green context's
+         * streams, which its destruction ended. */
+        CU_OK(cuMemAlloc(&d, MIB));
+        CU_OK(cuMemFree(d));
     }
     CU_OK(cuCtxSynchronize());
     cr_expect(poll_ms(live_as_at_start, 1000),
@@ -848,6 +857,19 @@ Test(scenarios, green_contexts_release_everything, .timeout = 20)
     cr_expect_eq(testdrv_dead_context_calls(), 0, "%llu calls named a destroyed context",
                  (unsigned long long)testdrv_dead_context_calls());
     cr_expect_eq(testdrv_faults(), 0, "a kernel wrote freed memory");
+}
+
+Test(scenarios, green_contexts_release_everything, .timeout = 20)
+{
+    green_contexts_release_everything();
+}
+
+/* Before driver 12.5 the fences are events on the program's streams: the
+ * streams a green context's destruction ended are forgotten with it. */
+Test(scenarios, green_contexts_release_everything_before_12_5, .timeout = 20)
+{
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    green_contexts_release_everything();
 }
 
 /* ==== 10.5 A primary release cudefer could not count ======================= */

@@ -503,7 +503,7 @@ static void forget_events(struct cd_ctx *c, const struct cd_driver_ops *ops, boo
     for (size_t i = 0; alive && i < c->nstreams; i++)
         ops->event_destroy(c->streams[i].event);
     for (size_t i = 0; alive && i < c->nfinals; i++)
-        ops->event_destroy(c->finals[i]);
+        ops->event_destroy(c->finals[i].event);
     free(c->streams);
     free(c->finals);
     c->streams = NULL;

@@ -99,12 +99,12 @@ struct cd_ctx {
     size_t nevents, cap_events;
 
     /* Before driver 12.5 (fence.c): the streams the program created, each
-     * with an event, and final events of destroyed ones that may still run
-     * work. */
+     * with an event made in the stream's own context (owner: a green
+     * context's CUcontext, whose destruction ends them), and final events
+     * of destroyed ones that may still run work (stream NULL). */
     pthread_mutex_t streams_lock;
-    struct cd_tracked { CUstream stream; CUevent event; } *streams;
+    struct cd_tracked { CUstream stream; CUevent event; CUcontext owner; } *streams, *finals;
     size_t nstreams, cap_streams;
-    CUevent *finals;
     size_t nfinals, cap_finals;
 };
 

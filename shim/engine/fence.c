@@ -18,7 +18,7 @@ static CUresult fence_streams(struct cd_ctx *c, struct cd_ctx *o, const struct c
             rc = ops->stream_wait_event(c->priv, o->streams[i].event, 0);
     }
     for (size_t i = 0; i < o->nfinals && rc == CUDA_SUCCESS; i++)
-        rc = ops->stream_wait_event(c->priv, o->finals[i], 0);
+        rc = ops->stream_wait_event(c->priv, o->finals[i].event, 0);
     pthread_mutex_unlock(&o->streams_lock);
     return rc;
 }
@@ -69,15 +69,23 @@ CUresult cd_fence(struct cd_ctx *c, CUevent *done)
     return rc;
 }
 
-void cd_fence_stream_added(struct cd_ctx *c, CUstream s)
+void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner)
 {
     CUevent ev;
-    if (c->ctx_record || cd_driver_ops()->event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    if (c->ctx_record)
+        return;
+    /* The event is made in the stream's own context (a record on a stream
+     * of another context fails). */
+    struct cd_scope sc;
+    cd_scope_enter(&sc, owner, false);
+    CUresult rc = cd_driver_ops()->event_create(&ev, CU_EVENT_DISABLE_TIMING);
+    cd_scope_leave(&sc);
+    if (rc != CUDA_SUCCESS)
         return;
     pthread_mutex_lock(&c->streams_lock);
     bool ok = cd_array_room((void **)&c->streams, &c->cap_streams, c->nstreams + 1, sizeof c->streams[0]);
     if (ok)
-        c->streams[c->nstreams++] = (struct cd_tracked){s, ev};
+        c->streams[c->nstreams++] = (struct cd_tracked){s, ev, owner};
     pthread_mutex_unlock(&c->streams_lock);
     if (!ok)
         cd_driver_ops()->event_destroy(ev);
@@ -96,13 +104,40 @@ void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
         /* The stream may still run work after its destroy returns: later
          * fences wait for this final record until it completes. */
         if (ops->event_record(ev, s) == CUDA_SUCCESS &&
-            cd_array_room((void **)&c->finals, &c->cap_finals, c->nfinals + 1, sizeof(CUevent)))
-            c->finals[c->nfinals++] = ev;
+            cd_array_room((void **)&c->finals, &c->cap_finals, c->nfinals + 1,
+                          sizeof c->finals[0]))
+            c->finals[c->nfinals++] = (struct cd_tracked){NULL, ev, c->streams[i].owner};
         else
             ops->event_destroy(ev);
         c->streams[i] = c->streams[--c->nstreams];
         break;
     }
+    pthread_mutex_unlock(&c->streams_lock);
+}
+
+/* Removes the entries of owner from list (n of them), destroying their
+ * events; under streams_lock. */
+static void drop_owned(struct cd_tracked *list, size_t *n, CUcontext owner,
+                       const struct cd_driver_ops *ops)
+{
+    for (size_t i = 0; i < *n;) {
+        if (list[i].owner == owner) {
+            ops->event_destroy(list[i].event);
+            list[i] = list[--*n];
+        } else {
+            i++;
+        }
+    }
+}
+
+void cd_fence_owner_ending(struct cd_ctx *c, CUcontext owner)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (c->ctx_record || !owner)
+        return;
+    pthread_mutex_lock(&c->streams_lock);
+    drop_owned(c->streams, &c->nstreams, owner, ops);
+    drop_owned(c->finals, &c->nfinals, owner, ops);
     pthread_mutex_unlock(&c->streams_lock);
 }
 
@@ -113,8 +148,8 @@ void cd_fence_prune(struct cd_ctx *c)
         return;
     pthread_mutex_lock(&c->streams_lock);
     for (size_t i = 0; i < c->nfinals;) {
-        if (ops->event_query(c->finals[i]) == CUDA_SUCCESS) {
-            ops->event_destroy(c->finals[i]);
+        if (ops->event_query(c->finals[i].event) == CUDA_SUCCESS) {
+            ops->event_destroy(c->finals[i].event);
             c->finals[i] = c->finals[--c->nfinals];
         } else {
             i++;

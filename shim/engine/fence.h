@@ -27,9 +27,13 @@
  * another context's is not (a context that faulted runs nothing more). */
 CUresult cd_fence(struct cd_ctx *c, CUevent *done);
 
-/* Before driver 12.5: the streams of the program, for the fences. */
-void cd_fence_stream_added(struct cd_ctx *c, CUstream s);
+/* Before driver 12.5: the streams of the program, for the fences; owner is
+ * the stream's own context (a green context's CUcontext for its streams). */
+void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner);
 void cd_fence_stream_removed(struct cd_ctx *c, CUstream s);
+/* Before owner (a green context) is destroyed, which ends its streams
+ * without their destroy calls: its streams and final events are dropped. */
+void cd_fence_owner_ending(struct cd_ctx *c, CUcontext owner);
 /* Drops final events of destroyed streams that have completed (waiter). */
 void cd_fence_prune(struct cd_ctx *c);
 

@@ -30,6 +30,7 @@
 #include "capture.h"
 #include "contexts.h"
 #include "driver.h"
+#include "fence.h"
 #include "log.h"
 #include "reclaim.h"
 #include "registry.h"
@@ -240,6 +241,8 @@ void cd_green_destroying(CUgreenCtx green)
     }
     cd_capture_context_gone(a.ctx);
     close_primary(a.device);
+    if (closed)
+        cd_fence_owner_ending(closed, a.ctx);
 }
 
 void cd_green_destroyed(CUgreenCtx green)

@@ -1648,10 +1648,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         exit(2);
     }
     /* The driver's one-time set-up of cuMemFreeAsync (10 ms, counted as
-     * time blocked), paid here: cudefer pays it when it sets up the first
-     * context. */
+     * time blocked), paid here: cudefer's waiter pays it once the first
+     * context is set up, and a synchronisation (a flush point) waits for
+     * that. */
     CUcontext first;
-    if (cuCtxCreate(&first, NULL, 0, 0) != CUDA_SUCCESS || cuCtxDestroy(first) != CUDA_SUCCESS) {
+    if (cuCtxCreate(&first, NULL, 0, 0) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS ||
+        cuCtxDestroy(first) != CUDA_SUCCESS) {
         fprintf(stderr, "fuzz_api: no context\n");
         exit(2);
     }
