@@ -30,7 +30,6 @@
 #include "log.h"
 #include "nvtx.h"
 #include "options.h"
-#include "reclaim.h"
 #include "registry.h"
 #include "retire.h"
 #include "stats.h"
@@ -89,7 +88,7 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->start_ns = cd_now_ns();
     a->level = 0;
     a->rechecks = 0;
-    a->seen = cd_reclaim_generation();
+    a->seen = cd_registry_returned();
     a->call = call;
 }
 

@@ -95,7 +95,7 @@ struct cd_alloc {
     uint64_t start_ns;
     int level;          /* reclaims made so far */
     int rechecks;       /* retries made because memory went back meanwhile */
-    unsigned long long seen; /* cd_reclaim_generation() before the last ask */
+    unsigned long long seen; /* cd_registry_returned() before the last ask */
     const char *call;
 };
 #define CD_FLAGS_ALLOC_HOST 0x80000000u

@@ -66,23 +66,7 @@ void cd_reclaim_ending(int delta)
 {
     releasing_add(delta);
     if (delta < 0)
-        cd_reclaim_returned();
-}
-
-/* Counts the moments memory went back. An allocation notes the count
- * before it asks the driver; a failure after which the count moved is
- * retried before anything else: the memory the driver lacked may be back,
- * and what cudefer holds may be nothing by now. */
-static _Atomic unsigned long long returned;
-
-void cd_reclaim_returned(void)
-{
-    atomic_fetch_add_explicit(&returned, 1, memory_order_release);
-}
-
-unsigned long long cd_reclaim_generation(void)
-{
-    return atomic_load_explicit(&returned, memory_order_acquire);
+        cd_registry_note_returned();
 }
 
 /* Waits until no flush holds entries, for at most seconds. */
@@ -128,7 +112,6 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
     cd_retire_drop_event(c, r);
     cd_books_unregistered(r);
     cd_registry_end(r, CD_GONE);
-    cd_reclaim_returned();
 }
 
 /* Releases c's entries of the kinds in mask: device blocks through
@@ -292,7 +275,6 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
             atomic_fetch_add(&cd_stats.released[r->kind], 1);
             cd_retire_drop_event(c, r);
             cd_registry_end(r, CD_GONE);
-            cd_reclaim_returned();
             *any = true;
         }
     }
@@ -358,11 +340,13 @@ static bool reclaim_waiting(const char *call)
  * asked (each one asks the driver only). */
 #define RECHECKS 64
 
-/* Whether memory went back since a's last ask; notes the count for the
- * next one. */
+/* Whether memory went back since a's last ask (cd_registry_returned); notes
+ * the count for the next one. A failure after which the count moved is
+ * retried before anything else: the memory the driver lacked may be back,
+ * and what cudefer holds may be nothing by now. */
 static bool returned_since(struct cd_alloc *a)
 {
-    unsigned long long now = cd_reclaim_generation();
+    unsigned long long now = cd_registry_returned();
     bool moved = now != a->seen;
     a->seen = now;
     return moved;

@@ -7,11 +7,4 @@
  * what the program released in those contexts. */
 void cd_reclaim_ending(int delta);
 
-/* Memory went back to the driver (frees settled, releases made, a context
- * destroyed): an allocation that failed before it asks again. */
-void cd_reclaim_returned(void);
-
-/* How many times memory went back so far. */
-unsigned long long cd_reclaim_generation(void);
-
 #endif

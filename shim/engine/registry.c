@@ -275,6 +275,19 @@ static struct cd_record *entomb(struct shard *s, struct cd_record *r, enum cd_re
     return evicted;
 }
 
+/* Moments memory went back to the driver (registry.h). */
+static _Atomic unsigned long long returned;
+
+unsigned long long cd_registry_returned(void)
+{
+    return atomic_load_explicit(&returned, memory_order_acquire);
+}
+
+void cd_registry_note_returned(void)
+{
+    atomic_fetch_add_explicit(&returned, 1, memory_order_release);
+}
+
 void cd_registry_end(struct cd_record *r, enum cd_record_state state)
 {
     struct shard *s = shard_of(hash(cd_kind_class(r->kind), r->key));
@@ -293,6 +306,8 @@ void cd_registry_end(struct cd_record *r, enum cd_record_state state)
     pthread_mutex_unlock(&s->lock);
     free(gone);
     free(evicted);
+    if (state == CD_GONE)
+        cd_registry_note_returned();
 }
 
 void cd_registry_tear(struct cd_ctx *ctx, unsigned mask)

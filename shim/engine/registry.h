@@ -102,6 +102,13 @@ enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key);
  * unlinked and freed. The caller must not use r afterwards. */
 void cd_registry_end(struct cd_record *r, enum cd_record_state state);
 
+/* How many times memory went back to the driver so far: each record that
+ * ended CD_GONE (after its release), and each cd_registry_note_returned
+ * (a context's destruction). An allocation that failed for lack of memory
+ * asks again if this moved since it asked (reclaim.c). */
+unsigned long long cd_registry_returned(void);
+void cd_registry_note_returned(void);
+
 /* Makes every LIVE record of ctx whose kind is in mask a TORN tomb (its
  * context was destroyed, and with it those objects). RETIRED ones are left
  * to their owners. Walks the whole registry. */

@@ -6,7 +6,6 @@
 #include "fence.h"
 #include "capture.h"
 #include "log.h"
-#include "reclaim.h"
 #include "registry.h"
 #include "stats.h"
 
@@ -119,8 +118,6 @@ static size_t end_records(struct cd_link *records, CUresult q)
         n++;
     }
     atomic_fetch_sub(&pending, (long long)n);
-    if (n)
-        cd_reclaim_returned();
     return n;
 }
 
