@@ -14,10 +14,9 @@
  * failure), PROP_TIMEOUT (seconds), PROP_WRAPPED (the list of wrapped names;
  * default: the shim's one list, shim/doors/wrapped.h), PROP_DRIVER_ALONE=1 (run without the shim,
  * to see the driver's own waits: every release then fails the property).
- * Unless set, CUDEFER_MAX_DEFERRED_ENTRIES and CUDEFER_MAX_DEFERRED_BYTES are
- * far above what a run holds: beyond them a release of pinned or managed
- * memory, an array or a module is the driver's own call and waits, as
- * README says (test_engine checks that case).
+ * Unless set, CUDEFER_MAX_DEFERRED_ENTRIES is 32 and CUDEFER_MAX_DEFERRED_BYTES
+ * 2M, so that the queues of the contexts go past their limits (soft: the
+ * releases past them must not wait either).
  *
  * Kernels that wait for the host. Time runs in epochs of PROP_EPOCH_MS. At
  * the start of epoch e, main launches testdrv_launch_spin kernels on flag e
@@ -1688,8 +1687,8 @@ int main(int argc, char **argv)
         cap = (size_t)strtoull(env, NULL, 10) << ((strchr(env, 'M') || strchr(env, 'm')) ? 20 : 0);
     driver_alone = (env = getenv("PROP_DRIVER_ALONE")) && strcmp(env, "0") != 0;
     setenv("TESTDRIVER_DEVICES", "2", 0);
-    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "1000000", 0);
-    setenv("CUDEFER_MAX_DEFERRED_BYTES", "1T", 0);
+    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "32", 0);
+    setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
     load_wrapped();
     hx_watchdog_start();
 

@@ -18,7 +18,8 @@
 void cd_books_defer(struct cd_ctx *c, struct cd_record *r);
 
 /* Whether c holds room for r within CUDEFER_MAX_DEFERRED_BYTES and
- * _ENTRIES (device memory has the cache limit instead: always true). */
+ * _ENTRIES (device memory has the cache limit instead: always true). The
+ * limits are soft: past them releases are counted, not refused. */
 bool cd_books_room(struct cd_ctx *c, const struct cd_record *r);
 
 /* Takes r, which is on c's books, off them (claimed by the caller or not). */

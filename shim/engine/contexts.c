@@ -52,11 +52,32 @@ struct adopt {
     unsigned gen;
 };
 
+/* Counted as a walk (until cd_ctx_exit_walk): the slot is not one the
+ * program named, so a primary release waits for this use as for the
+ * engine's walks. */
 static void adopt_first(struct cd_ctx *c, void *arg)
 {
     struct adopt *a = arg;
-    if (!a->c && cd_ctx_enter_any(c, &a->gen))
+    if (a->c)
+        return;
+    a->gen = atomic_load(&c->gen);
+    if (cd_ctx_enter_walk(c, a->gen))
         a->c = c;
+}
+
+bool cd_ctx_enter_walk(struct cd_ctx *c, unsigned gen)
+{
+    atomic_fetch_add(&c->walkers, 1);
+    if (cd_ctx_enter(c, gen))
+        return true;
+    atomic_fetch_sub(&c->walkers, 1);
+    return false;
+}
+
+void cd_ctx_exit_walk(struct cd_ctx *c)
+{
+    cd_ctx_exit(c);
+    atomic_fetch_sub(&c->walkers, 1);
 }
 
 struct cd_ctx *cd_ctx_adopt(unsigned *gen)

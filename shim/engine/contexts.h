@@ -120,9 +120,9 @@ struct cd_batch {
  * that closes meanwhile). */
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
 
-/* A READY slot, entered (the caller calls cd_ctx_exit), and its generation
- * in *gen; NULL when there is none. For an object that outlives the
- * context it was made in. */
+/* A READY slot, entered as a walk (the caller ends the use with
+ * cd_ctx_exit_walk), and its generation in *gen; NULL when there is none.
+ * For an object that outlives the context it was made in. */
 struct cd_ctx *cd_ctx_adopt(unsigned *gen);
 
 /* The READY or MAY_END slot of ctx (a green context's CUcontext names its primary's),
@@ -161,6 +161,11 @@ bool cd_ctx_enter_any(struct cd_ctx *c, unsigned *gen);
 /* cd_ctx_enter for a call of the program naming c's context: also while
  * c MAY_END. Does not wait. */
 bool cd_ctx_enter_own(struct cd_ctx *c, unsigned gen);
+/* cd_ctx_enter counted as one of the engine's walks, for a use the program
+ * did not ask in c's context (a primary release waits for it, as for the
+ * walks); ended by cd_ctx_exit_walk. Does not wait. */
+bool cd_ctx_enter_walk(struct cd_ctx *c, unsigned gen);
+void cd_ctx_exit_walk(struct cd_ctx *c);
 void cd_ctx_exit(struct cd_ctx *c);
 
 /* Makes further enters fail and waits until the uses under way have ended

@@ -63,8 +63,8 @@ static inline bool cd_engine_on(void)
  * driver's own call", which is always correct: it is what the program
  * asked for. Does not wait, except for CD_REGISTERED (cuMemHostUnregister)
  * with CUDEFER_REGISTERED=wait, the default: it WAITS for the work submitted
- * before the call, then defers the driver's unregister; and a release beyond
- * the limits, which is the driver's own call and waits as it does. */
+ * before the call, then defers the driver's unregister. Past the limits
+ * (CUDEFER_MAX_DEFERRED_*, soft) a release does not wait either. */
 bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc);
 
 /* The answer to cuMemHostUnregister(ptr) given the driver's answer rc: an

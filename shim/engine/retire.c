@@ -4,9 +4,8 @@
  * behind all work already submitted (fence.c), and either freed through the
  * driver's stream-ordered free (device memory, settled by the waiter) or
  * deferred on its context's books. Nothing on that path waits for the GPU,
- * with two exceptions the kinds' rows ask for: a registration's release
- * waits for the work submitted before it (the pages are the program's
- * again), and a release beyond the limits is the driver's own call.
+ * past the limits too, with one exception: a registration's release waits
+ * for the work submitted before it (the pages are the program's again).
  */
 #include "engine.h"
 #include "retire.h"
@@ -45,15 +44,30 @@ static bool is_sticky(CUresult rc)
 
 /* The driver's own call releases r: its record ends (a handle keeps a
  * tomb, so that a second release does not reach the driver). */
-static bool pass_through(struct cd_record *r, bool over_limit, const char *why)
+static bool pass_through(struct cd_record *r, const char *why)
 {
     cd_log(CD_LOG_DEBUG, "%s %#lx: the driver's own release (%s)",
            cd_kind_name((enum cd_kind)r->kind), (unsigned long)r->key, why);
     atomic_fetch_add(&cd_stats.passed[r->kind], 1);
-    if (over_limit)
-        atomic_fetch_add(&cd_stats.over_limit[r->kind], 1);
     cd_registry_end(r, CD_GONE);
     return false;
+}
+
+/* Beyond CUDEFER_MAX_DEFERRED_BYTES or _ENTRIES the release is deferred all
+ * the same: the driver's own call would wait for every kernel of the
+ * context. The limits are soft: what a context holds past them goes back
+ * at the next flush point (cuCtxSynchronize, cudefer_flush, an allocation
+ * short of memory, the context's end), and reuse serves allocations of the
+ * same sizes meanwhile. Counted, and said once at level info. */
+static void note_over_limit(struct cd_ctx *c, const struct cd_record *r)
+{
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    atomic_fetch_add(&cd_stats.over_limit[r->kind], 1);
+    if (!atomic_flag_test_and_set(&said))
+        cd_log(CD_LOG_INFO, "context %p holds more released memory than "
+               "CUDEFER_MAX_DEFERRED_BYTES or _ENTRIES allow: releases go on without waiting, "
+               "and what is held goes back at the next flush point",
+               (void *)atomic_load(&c->handle));
 }
 
 void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
@@ -148,7 +162,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
         if (frc != CUDA_ERROR_DEINITIALIZED)
             cd_log(CD_LOG_ERROR, "cannot fence a %s release (error %d): the driver releases it",
                    cd_kind_name((enum cd_kind)r->kind), (int)frc);
-        return pass_through(r, false, "no fence");
+        return pass_through(r, "no fence");
     }
     atomic_fetch_add(&cd_stats.deferred[r->kind], 1);
     cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_kind_name((enum cd_kind)r->kind),
@@ -194,7 +208,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     if (frc != CUDA_SUCCESS) {
         /* A live capture, or an error: the driver's own call. */
         cd_retire_drop_event(c, r);
-        return pass_through(r, false, "a live capture or an error");
+        return pass_through(r, "a live capture or an error");
     }
     /* In the relaxed capture mode: a capture another thread starts meanwhile
      * is not invalidated by this wait. */
@@ -227,6 +241,8 @@ static bool current_context_usable(const struct cd_driver_ops *ops)
     return !cur || cd_ctx_find(cur) || ops->ctx_get_api_version(cur, &version) == CUDA_SUCCESS;
 }
 
+static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc);
+
 static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
 {
     if (!key || !cd_engine_on())
@@ -256,8 +272,11 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         break;
     }
     struct cd_ctx *c = r->ctx;
-    bool entered = c && cd_ctx_enter_own(c, r->gen);
-    if (!entered && r->kind == CD_LIBRARY) {
+    /* A library names no context: its use of the slot is not the
+     * program's, and is entered as a walk (contexts.h). */
+    bool library = r->kind == CD_LIBRARY;
+    bool entered = c && (library ? cd_ctx_enter_walk(c, r->gen) : cd_ctx_enter_own(c, r->gen));
+    if (!entered && library) {
         /* A library outlives the context it was loaded in: its release
          * is kept in another context that lives (the fence covers every
          * context). Not the thread's current one: its binding may name the
@@ -269,21 +288,27 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
             cd_registry_move(r, c, gen);
     }
     if (!entered)
-        return pass_through(r, false, "its context has ended or is ending");
-    if (!cd_backend_on((enum cd_kind)r->kind)) {
-        cd_ctx_exit(c);
-        return pass_through(r, false, "its kind is off");
-    }
-    bool took;
-    if (!cd_books_room(c, r))
-        took = pass_through(r, true, "beyond the limits");
-    else if (r->kind == CD_REGISTERED &&
-             cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
-        took = unregister_after_work(c, r, rc);
+        return pass_through(r, "its context has ended or is ending");
+    bool took = false;
+    if (!cd_backend_on((enum cd_kind)r->kind))
+        took = pass_through(r, "its kind is off");
     else
-        took = fence_and_place(c, r, rc);
-    cd_ctx_exit(c);
+        took = place(c, r, rc);
+    if (library)
+        cd_ctx_exit_walk(c);
+    else
+        cd_ctx_exit(c);
     return took;
+}
+
+/* A release within its context, entered. */
+static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
+{
+    if (!cd_books_room(c, r))
+        note_over_limit(c, r);
+    if (r->kind == CD_REGISTERED && cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
+        return unregister_after_work(c, r, rc);
+    return fence_and_place(c, r, rc);
 }
 
 bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc)

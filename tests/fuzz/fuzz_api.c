@@ -1623,13 +1623,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_LOG", "off", 0);
-    /* A small device cache, so that the eviction of cached device blocks
-     * runs too (scripts/fuzz.sh sets CUDEFER_DEVICE_CACHE=0 for
-     * fuzz_api_pre125: no cache at all). The limits of the other kinds stay
-     * far above what an input holds: beyond them a release is the driver's
-     * own call, which waits (test_engine and the scenarios check that). */
-    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "1000000", 0);
-    setenv("CUDEFER_MAX_DEFERRED_BYTES", "1T", 0);
+    /* Small limits, so that releases past them (soft: they must not wait
+     * either) and the eviction of cached device blocks run too
+     * (scripts/fuzz.sh sets CUDEFER_DEVICE_CACHE=0 for fuzz_api_pre125: no
+     * cache at all). */
+    setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "12", 0);
+    setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
     setenv("CUDEFER_DEVICE_CACHE", "1M", 0);
     trace_path = getenv("FUZZ_API_TRACE");
     unjudged = getenv("FUZZ_API_UNJUDGED");
