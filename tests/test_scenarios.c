@@ -872,6 +872,47 @@ Test(scenarios, green_contexts_release_everything_before_12_5, .timeout = 20)
     green_contexts_release_everything();
 }
 
+/* Before 12.5, a release made while a capture is live is fenced when the
+ * capture ends; a green context destroyed in between still has its kernel
+ * running (its destruction does not wait), and that kernel must still be
+ * covered: the block goes back only after it. Found by fuzz_api_pre125. */
+Test(scenarios, green_kernel_outlives_its_context_before_a_deferred_fence, .timeout = 20)
+{
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    setenv("CUDEFER_DEVICE_CACHE", "0", 1);
+    CUcontext primary = test_context();
+    CUdevice dev = device0();
+    CUdevResource all, group, rest;
+    unsigned n = 1;
+    CU_OK(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+    CU_OK(cuDevSmResourceSplitByCount(&group, &n, &all, &rest, 0, 16));
+    CUdevResourceDesc desc;
+    CUgreenCtx green;
+    CUcontext ctx;
+    CUstream s, cs;
+    CUdeviceptr d;
+    CU_OK(cuDevResourceGenerateDesc(&desc, &group, 1));
+    CU_OK(cuGreenCtxCreate(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    CU_OK(cuCtxFromGreenCtx(&ctx, green));
+    cs = test_stream(CU_STREAM_NON_BLOCKING); /* in the primary context */
+    CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(testdrv_launch(s, 300000, d, MIB, TESTDRV_WRITE));
+    CU_OK(cuCtxSetCurrent(primary));
+    CU_OK(cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CU_OK(cuMemFree(d)); /* while the capture is live: fenced when it ends */
+    CU_OK(cuGreenCtxDestroy(green));
+    CUgraph graph;
+    CU_OK(cuStreamEndCapture(cs, &graph));
+    CU_OK(cuGraphDestroy(graph));
+    sleep_ms(400);
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "the green kernel wrote the block after it went back");
+    cr_expect_eq(testdrv_dead_context_calls(), 0, "%llu calls named a destroyed context",
+                 (unsigned long long)testdrv_dead_context_calls());
+}
+
 /* ==== 10.5 A primary release cudefer could not count ======================= */
 
 static int primary_active(CUdevice dev)

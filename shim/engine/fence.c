@@ -115,18 +115,31 @@ void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
     pthread_mutex_unlock(&c->streams_lock);
 }
 
-/* Removes the entries of owner from list (n of them), destroying their
- * events; under streams_lock. */
-static void drop_owned(struct cd_tracked *list, size_t *n, CUcontext owner,
-                       const struct cd_driver_ops *ops)
+/* Removes the entries of owner from list (n of them). Their work goes on
+ * after owner's destruction (measured: a green context's destruction does
+ * not wait for its kernels), so c's private stream waits for it first: a
+ * last record on each live stream (streams: true), or the final record
+ * already made. Every later fence and free on the private stream comes
+ * after that wait; the events then go (a wait keeps what it waits for).
+ * Under streams_lock, in the relaxed capture mode. A stream in a capture
+ * is left out: the destruction ends that capture. */
+static void drop_owned(struct cd_ctx *c, struct cd_tracked *list, size_t *n, CUcontext owner,
+                       bool streams, const struct cd_driver_ops *ops)
 {
     for (size_t i = 0; i < *n;) {
-        if (list[i].owner == owner) {
-            ops->event_destroy(list[i].event);
-            list[i] = list[--*n];
-        } else {
+        if (list[i].owner != owner) {
             i++;
+            continue;
         }
+        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+        bool recorded = !streams ||
+                        (ops->stream_is_capturing(list[i].stream, &st) == CUDA_SUCCESS &&
+                         st == CU_STREAM_CAPTURE_STATUS_NONE &&
+                         ops->event_record(list[i].event, list[i].stream) == CUDA_SUCCESS);
+        if (recorded)
+            ops->stream_wait_event(c->priv, list[i].event, 0);
+        ops->event_destroy(list[i].event);
+        list[i] = list[--*n];
     }
 }
 
@@ -135,10 +148,13 @@ void cd_fence_owner_ending(struct cd_ctx *c, CUcontext owner)
     const struct cd_driver_ops *ops = cd_driver_ops();
     if (c->ctx_record || !owner)
         return;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, NULL, true);
     pthread_mutex_lock(&c->streams_lock);
-    drop_owned(c->streams, &c->nstreams, owner, ops);
-    drop_owned(c->finals, &c->nfinals, owner, ops);
+    drop_owned(c, c->streams, &c->nstreams, owner, true, ops);
+    drop_owned(c, c->finals, &c->nfinals, owner, false, ops);
     pthread_mutex_unlock(&c->streams_lock);
+    cd_scope_leave(&sc);
 }
 
 void cd_fence_prune(struct cd_ctx *c)

@@ -32,7 +32,9 @@ CUresult cd_fence(struct cd_ctx *c, CUevent *done);
 void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner);
 void cd_fence_stream_removed(struct cd_ctx *c, CUstream s);
 /* Before owner (a green context) is destroyed, which ends its streams
- * without their destroy calls: its streams and final events are dropped. */
+ * without their destroy calls but not their work: c's private stream waits
+ * for their last work, and their streams and final events are dropped.
+ * Does not wait on the host. */
 void cd_fence_owner_ending(struct cd_ctx *c, CUcontext owner);
 /* Drops final events of destroyed streams that have completed (waiter). */
 void cd_fence_prune(struct cd_ctx *c);

@@ -108,6 +108,10 @@ static void capture_finish(struct td_capture *cap)
             *pp = cap->next;
             break;
         }
+    /* Kept for the life of the process (an event recorded in it still
+     * names it), and so still reachable. */
+    cap->next = td.ended;
+    td.ended = cap;
     for (struct td_stream *s = cap->ctx->streams; s; s = s->next)
         if (s->capture == cap)
             s->capture = NULL;

@@ -38,6 +38,22 @@ static struct td_ctx *stack_top(void)
     return td_tls.depth ? td_tls.stack[td_tls.depth - 1] : NULL;
 }
 
+/* A thread's stack is freed when the thread ends. */
+static pthread_key_t stack_key;
+static pthread_once_t stack_once = PTHREAD_ONCE_INIT;
+
+static void stack_free(void *v)
+{
+    free(v);
+    td_tls.stack = NULL;
+    td_tls.cap = td_tls.depth = 0;
+}
+
+static void stack_key_make(void)
+{
+    pthread_key_create(&stack_key, stack_free);
+}
+
 static void stack_push(struct td_ctx *c)
 {
     if (td_tls.depth == td_tls.cap) {
@@ -47,6 +63,8 @@ static void stack_push(struct td_ctx *c)
             abort();
         td_tls.stack = v;
         td_tls.cap = cap;
+        pthread_once(&stack_once, stack_key_make);
+        pthread_setspecific(stack_key, v);
     }
     td_tls.stack[td_tls.depth++] = c;
 }

@@ -320,6 +320,7 @@ struct td_state {
     struct td_ctx **primary;   /* per device */
     struct td_pool **default_pool; /* per device */
     struct td_capture *captures; /* live captures */
+    struct td_capture *ended;    /* ended ones: events may still name them */
     unsigned alloc_cost_us[TESTDRV_KIND_COUNT]; /* testdrv_set_alloc_cost */
 };
 
