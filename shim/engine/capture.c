@@ -21,7 +21,9 @@ struct capture {
     CUstream stream;
     pthread_t thread;
     CUcontext ctx;
+    unsigned long long id; /* which capture of the stream (cd_capture_check) */
 };
+static unsigned long long next_id; /* under table_lock */
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct capture *table;
@@ -106,9 +108,10 @@ void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
         capture_done(1);
         return;
     }
-    struct capture c = {canonical(stream, per_thread), pthread_self(), NULL};
+    struct capture c = {canonical(stream, per_thread), pthread_self(), NULL, 0};
     c.ctx = context_of(c.stream);
     pthread_mutex_lock(&table_lock);
+    c.id = ++next_id;
     bool kept = cd_array_room((void **)&table, &cap_table, ntable + 1, sizeof *table);
     if (kept)
         table[ntable++] = c;
@@ -214,27 +217,47 @@ static void thread_gone(void *arg)
     capture_done(ended);
 }
 
+/* Ends the capture of that id, if it is still in the table. */
+static void forget_id(unsigned long long id)
+{
+    int ended = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < ntable; i++) {
+        if (table[i].id == id) {
+            table[i] = table[--ntable];
+            ended = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    capture_done(ended);
+}
+
 void cd_capture_check(void)
 {
     if (atomic_load(&captures_live) == 0)
         return;
-    /* Streams the program created can be asked from any thread. */
-    CUstream streams[64];
+    /* Streams the program created can be asked from any thread. Each
+     * capture is named by its id: between the question and the answer the
+     * program may end that capture and begin another on the same stream,
+     * which must stay counted. */
+    struct capture seen[64];
     size_t n = 0;
     pthread_mutex_lock(&table_lock);
     for (size_t i = 0; i < ntable && n < 64; i++)
         if (table[i].stream != CU_STREAM_PER_THREAD && table[i].stream != CU_STREAM_LEGACY)
-            streams[n++] = table[i].stream;
+            seen[n++] = table[i];
     pthread_mutex_unlock(&table_lock);
     for (size_t i = 0; i < n; i++)
-        if (stopped(streams[i]))
-            forget(streams[i], NULL);
+        if (stopped(seen[i].stream))
+            forget_id(seen[i].id);
 }
 
 void cd_capture_reset(void)
 {
     pthread_mutex_init(&table_lock, NULL);
     ntable = 0;
+    next_id = 0;
     atomic_store(&captures_live, 0);
     atomic_store(&fences_active, 0);
 }
