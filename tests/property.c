@@ -568,11 +568,11 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     p->name = name;
     p->blocked_only = false;
     p->row = rule_index(name);
+    p->waits_under_way = atomic_load(&waits_inflight) > 0; /* this call's own not yet counted */
     if (p->row >= 0 && rules[p->row].rule == R_ALLOWED) {
         atomic_fetch_add(&waits_inflight, 1);
         atomic_fetch_add(&waits_started, 1);
     }
-    p->waits_under_way = atomic_load(&waits_inflight) > (rules[p->row < 0 ? 0 : p->row].rule == R_ALLOWED);
     p->waits_begun = atomic_load(&waits_started);
     p->epoch = atomic_load(&epoch_now);
     p->wait_calls = testdrv_thread_wait_calls();

@@ -140,24 +140,43 @@ static bool matches(const struct capture *c, CUstream stream, CUcontext ctx)
     return stream != CU_STREAM_PER_THREAD || pthread_equal(c->thread, pthread_self());
 }
 
-/* Ends the captures of stream (the first match) or, with ctx, all of
- * ctx's. */
-static void forget(CUstream stream, CUcontext ctx)
+/* Ends the captures that picked selects (with all false, the first only). */
+static void end_where(bool (*picked)(const struct capture *c, const void *arg), const void *arg,
+                      bool all)
 {
     int ended = 0;
     pthread_mutex_lock(&table_lock);
     for (size_t i = 0; i < ntable;) {
-        if (!matches(&table[i], stream, ctx)) {
+        if (!picked(&table[i], arg)) {
             i++;
             continue;
         }
         table[i] = table[--ntable];
         ended++;
-        if (!ctx)
+        if (!all)
             break;
     }
     pthread_mutex_unlock(&table_lock);
     capture_done(ended);
+}
+
+struct where {
+    CUstream stream;
+    CUcontext ctx;
+};
+
+static bool of_stream_or_ctx(const struct capture *c, const void *arg)
+{
+    const struct where *w = arg;
+    return matches(c, w->stream, w->ctx);
+}
+
+/* Ends the captures of stream (the first match) or, with ctx, all of
+ * ctx's. */
+static void forget(CUstream stream, CUcontext ctx)
+{
+    struct where w = {stream, ctx};
+    end_where(of_stream_or_ctx, &w, ctx != NULL);
 }
 
 /* Whether stream has stopped capturing, as the driver says; asked in the
@@ -199,38 +218,21 @@ void cd_capture_context_gone(CUcontext ctx)
         forget(NULL, ctx);
 }
 
+static bool of_this_thread(const struct capture *c, const void *arg)
+{
+    (void)arg;
+    return c->stream == CU_STREAM_PER_THREAD && pthread_equal(c->thread, pthread_self());
+}
+
 static void thread_gone(void *arg)
 {
     (void)arg;
-    int ended = 0;
-    pthread_mutex_lock(&table_lock);
-    for (size_t i = 0; i < ntable;) {
-        if (table[i].stream == CU_STREAM_PER_THREAD &&
-            pthread_equal(table[i].thread, pthread_self())) {
-            table[i] = table[--ntable];
-            ended++;
-        } else {
-            i++;
-        }
-    }
-    pthread_mutex_unlock(&table_lock);
-    capture_done(ended);
+    end_where(of_this_thread, NULL, true);
 }
 
-/* Ends the capture of that id, if it is still in the table. */
-static void forget_id(unsigned long long id)
+static bool of_id(const struct capture *c, const void *arg)
 {
-    int ended = 0;
-    pthread_mutex_lock(&table_lock);
-    for (size_t i = 0; i < ntable; i++) {
-        if (table[i].id == id) {
-            table[i] = table[--ntable];
-            ended = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&table_lock);
-    capture_done(ended);
+    return c->id == *(const unsigned long long *)arg;
 }
 
 void cd_capture_check(void)
@@ -250,7 +252,7 @@ void cd_capture_check(void)
     pthread_mutex_unlock(&table_lock);
     for (size_t i = 0; i < n; i++)
         if (stopped(seen[i].stream))
-            forget_id(seen[i].id);
+            end_where(of_id, &seen[i].id, false);
 }
 
 void cd_capture_reset(void)

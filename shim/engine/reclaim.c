@@ -352,14 +352,22 @@ static bool returned_since(struct cd_alloc *a)
     return moved;
 }
 
+/* Whether a asks the driver again at once because memory went back since
+ * its last ask (at most RECHECKS times). */
+static bool recheck(struct cd_alloc *a)
+{
+    if (!returned_since(a) || a->rechecks >= RECHECKS)
+        return false;
+    a->rechecks++;
+    return true;
+}
+
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 {
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on() || a->level > WAITING_ROUNDS)
         return false;
-    if (returned_since(a) && a->rechecks < RECHECKS) {
-        a->rechecks++;
+    if (recheck(a))
         return true;
-    }
     if (a->level == 0) {
         a->level = 1;
         bool any = false;
@@ -379,11 +387,7 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
     if (!reclaim_waiting(a->call)) {
         /* Nothing held now; what another thread settled since the ask is
          * back with the driver. */
-        if (returned_since(a) && a->rechecks < RECHECKS) {
-            a->rechecks++;
-            return true;
-        }
-        return false;
+        return recheck(a);
     }
     atomic_fetch_add(&cd_stats.reclaims_waited, 1);
     return true;

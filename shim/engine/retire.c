@@ -241,7 +241,15 @@ static bool current_context_usable(const struct cd_driver_ops *ops)
     return !cur || cd_ctx_find(cur) || ops->ctx_get_api_version(cur, &version) == CUDA_SUCCESS;
 }
 
-static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc);
+/* A release within its context, entered. */
+static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
+{
+    if (!cd_books_room(c, r))
+        note_over_limit(c, r);
+    if (r->kind == CD_REGISTERED && cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
+        return unregister_after_work(c, r, rc);
+    return fence_and_place(c, r, rc);
+}
 
 static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
 {
@@ -299,16 +307,6 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     else
         cd_ctx_exit(c);
     return took;
-}
-
-/* A release within its context, entered. */
-static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
-{
-    if (!cd_books_room(c, r))
-        note_over_limit(c, r);
-    if (r->kind == CD_REGISTERED && cd_option_int(CD_OPT_REGISTERED) == CD_REGISTERED_WAIT)
-        return unregister_after_work(c, r, rc);
-    return fence_and_place(c, r, rc);
 }
 
 bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc)
