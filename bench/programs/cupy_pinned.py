@@ -51,7 +51,6 @@ Prints per loop:
          peak_mem_mib=<> ok=<0|1> sha256=<hex> [bg_n=<> bg_launched=<>]
 """
 import argparse
-import ctypes
 import hashlib
 import statistics
 import sys
@@ -61,13 +60,7 @@ import numpy as np
 import cupy as cp
 import cupyx
 
-
-def cudefer_loaded():
-    try:
-        ctypes.CDLL(None).cudefer_version
-        return True
-    except AttributeError:
-        return False
+from common import cudefer_loaded
 
 
 def used_bytes():

@@ -30,10 +30,8 @@ Prints one line:
 peak_mem_mib is JAX's peak_bytes_in_use where the allocator reports it.)
 """
 import argparse
-import ctypes
 import hashlib
 import os
-import statistics
 import sys
 import time
 
@@ -41,13 +39,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-
-def cudefer_loaded():
-    try:
-        ctypes.CDLL(None).cudefer_version
-        return True
-    except AttributeError:
-        return False
+from common import cudefer_loaded, loss_fields, step_fields  # noqa: E402
 
 
 def tree_map(fn, *trees):
@@ -140,15 +132,11 @@ def main():
 
     host = np.array([np.float32(v) for v in losses], dtype=np.float32)
     digest = hashlib.sha256(host.tobytes()).hexdigest()
-    timed = sorted(times[args.warmup:])
-    q = statistics.quantiles(timed, n=10)
     print(
         f"RESULT jax allocator={allocator} caching={int(allocator == 'default')} "
         f"cudefer={int(cudefer_loaded())} "
-        f"us_per_step={statistics.median(timed):.1f} min={timed[0]:.1f} max={timed[-1]:.1f} "
-        f"p10={q[0]:.1f} p90={q[-1]:.1f} steps={args.steps} warmup={args.warmup} "
-        f"total_s={total_s:.3f} peak_mem_mib={peak_mib(dev)} "
-        f"final_loss={float(host[-1]):.9g} loss_sha256={digest}",
+        f"{step_fields(times, args.steps, args.warmup, total_s)} "
+        f"peak_mem_mib={peak_mib(dev)} {loss_fields(float(host[-1]), digest)}",
         flush=True,
     )
     print(f"jax_mlp: jax {jax.__version__}, {dev.device_kind}, allocator {allocator}, "

@@ -32,10 +32,8 @@ Prints one line:
          params=<> final_loss=<> loss_sha256=<hex>
 """
 import argparse
-import ctypes
 import hashlib
 import os
-import statistics
 import sys
 import time
 
@@ -44,13 +42,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-
-def cudefer_loaded():
-    try:
-        ctypes.CDLL(None).cudefer_version
-        return True
-    except AttributeError:
-        return False
+from common import cudefer_loaded, loss_fields, step_fields  # noqa: E402
 
 
 def used_bytes():
@@ -145,14 +137,11 @@ def main():
 
     host = losses.cpu()
     digest = hashlib.sha256(host.numpy().tobytes()).hexdigest()
-    timed = sorted(times[args.warmup:])
-    q = statistics.quantiles(timed, n=10)
     print(
         f"RESULT transformer caching={int(caching)} cudefer={int(cudefer_loaded())} "
-        f"us_per_step={statistics.median(timed):.1f} min={timed[0]:.1f} max={timed[-1]:.1f} "
-        f"p10={q[0]:.1f} p90={q[-1]:.1f} steps={args.steps} warmup={args.warmup} "
-        f"total_s={total_s:.3f} peak_mem_mib={(peak - base) / 2**20:.1f} params={params} "
-        f"final_loss={host[-1].item():.9g} loss_sha256={digest}",
+        f"{step_fields(times, args.steps, args.warmup, total_s)} "
+        f"peak_mem_mib={(peak - base) / 2**20:.1f} params={params} "
+        f"{loss_fields(host[-1].item(), digest)}",
         flush=True,
     )
     print(f"transformer: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "
