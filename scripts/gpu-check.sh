@@ -327,59 +327,59 @@ check_capture() {
 
 # ---- 8-16: each program without cudefer (none) and with it (shim) ------------------------
 
+# run_both CHECK ID LIMIT -- COMMAND...: run_prog without cudefer, then with it.
+run_both() {
+    local check=$1 id=$2 limit=$3
+    shift 4
+    run_prog "$check" none "$id" "$limit" -- "$@"
+    run_prog "$check" shim "$id" "$limit" -- "$@"
+}
+
 check_registered() {
     say "== 8. registered"
-    run_prog registered none registered 30 -- "$BIN/registered"
-    run_prog registered shim registered 30 -- "$BIN/registered"
+    run_both registered registered 30 -- "$BIN/registered"
 }
 
 check_hidden_wait() {
     say "== 9. hidden-wait"
     local c
     for c in pinned device-cache second-context; do
-        run_prog hidden-wait none "$c" 30 -- "$BIN/hidden_wait" "$c"
-        run_prog hidden-wait shim "$c" 30 -- "$BIN/hidden_wait" "$c"
+        run_both hidden-wait "$c" 30 -- "$BIN/hidden_wait" "$c"
     done
 }
 
 check_teardown_race() {
     say "== 10. teardown-race"
-    run_prog teardown-race none teardown_race 60 -- "$BIN/teardown_race"
-    run_prog teardown-race shim teardown_race 60 -- "$BIN/teardown_race"
+    run_both teardown-race teardown_race 60 -- "$BIN/teardown_race"
 }
 
 check_oom_concurrent() {
     say "== 11. oom-concurrent"
-    run_prog oom-concurrent none oom_concurrent 60 -- "$BIN/oom_concurrent"
-    run_prog oom-concurrent shim oom_concurrent 60 -- "$BIN/oom_concurrent"
+    run_both oom-concurrent oom_concurrent 60 -- "$BIN/oom_concurrent"
 }
 
 check_capture_ptsz() {
     say "== 12. capture-ptsz"
-    run_prog capture-ptsz none capture_ptsz 30 -- "$BIN/capture_ptsz"
-    run_prog capture-ptsz shim capture_ptsz 30 -- "$BIN/capture_ptsz"
+    run_both capture-ptsz capture_ptsz 30 -- "$BIN/capture_ptsz"
 }
 
 check_green() {
     say "== 13. green"
-    run_prog green none green 30 -- "$BIN/green"
-    run_prog green shim green 30 -- "$BIN/green"
+    run_both green green 30 -- "$BIN/green"
 }
 
 check_primary_unseen() {
     say "== 14. primary-unseen"
     local v
     for v in twice reset; do
-        run_prog primary-unseen none "$v" 20 -- "$BIN/primary_unseen" "$v"
-        run_prog primary-unseen shim "$v" 20 -- "$BIN/primary_unseen" "$v"
+        run_both primary-unseen "$v" 20 -- "$BIN/primary_unseen" "$v"
     done
 }
 
 # Its kernel fault kills its context: it runs late, with the hazard control.
 check_sticky() {
     say "== 15. sticky"
-    run_prog sticky none sticky 30 -- "$BIN/sticky"
-    run_prog sticky shim sticky 30 -- "$BIN/sticky"
+    run_both sticky sticky 30 -- "$BIN/sticky"
 }
 
 # cudefer at its defaults (mode shim-defaults): no CUDEFER_LOG, no
