@@ -134,8 +134,10 @@ static int mode_release(void)
     return failures != 0;
 }
 
-/* Every call works; releases are the driver's own. */
-static int mode_passthrough(void)
+/* In the primary context: a device and a pinned block, the device one
+ * released while a kernel on the stream returned writes it, then the
+ * pinned one. */
+static CUstream releases_under_a_kernel(void)
 {
     primary();
     CUstream s;
@@ -147,6 +149,13 @@ static int mode_passthrough(void)
     check(testdrv_launch(s, 10000, d, BYTES, TESTDRV_WRITE), "testdrv_launch");
     check(cuMemFree(d), "cuMemFree");
     check(cuMemFreeHost(h), "cuMemFreeHost");
+    return s;
+}
+
+/* Every call works; releases are the driver's own. */
+static int mode_passthrough(void)
+{
+    CUstream s = releases_under_a_kernel();
     expect(testdrv_live(TESTDRV_DEVICE) == 0, "the device block is still the driver's");
     expect(testdrv_live(TESTDRV_HOST) == 0, "the pinned block is still the driver's");
     check(cuCtxSynchronize(), "cuCtxSynchronize");
@@ -159,16 +168,7 @@ static int mode_passthrough(void)
 static int mode_drivers(void)
 {
     uint64_t allocs = testdrv_calls("cuMemAlloc_v2"), hosts = testdrv_calls("cuMemAllocHost_v2");
-    primary();
-    CUstream s;
-    CUdeviceptr d;
-    void *h;
-    check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    check(cuMemAlloc(&d, BYTES), "cuMemAlloc");
-    check(cuMemAllocHost(&h, BYTES), "cuMemAllocHost");
-    check(testdrv_launch(s, 10000, d, BYTES, TESTDRV_WRITE), "testdrv_launch");
-    check(cuMemFree(d), "cuMemFree");
-    check(cuMemFreeHost(h), "cuMemFreeHost");
+    CUstream s = releases_under_a_kernel();
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     check(cuStreamDestroy(s), "cuStreamDestroy");
     expect(testdrv_calls("cuMemAlloc_v2") > allocs,
