@@ -1041,6 +1041,56 @@ Test(stats, json_report_at_exit, .timeout = 10)
     cr_expect_not_null(strstr(text, "\"peak_deferred_bytes\": 4096"), "%s", text);
 }
 
+/* Twenty device releases while a 300 ms kernel runs: each would have
+ * waited in the driver for the rest of it. The waiter times the work
+ * behind the first, and the others join that watch instead of recording an
+ * event each (a release costs one event record, its fence's). Exits 2 when
+ * the releases recorded more events than that. */
+static void releases_under_one_kernel(void)
+{
+    test_context();
+    CUstream s;
+    CUdeviceptr buf, d[20];
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&buf, 4096))
+        exit(1);
+    for (int i = 0; i < 20; i++)
+        if (cuMemAlloc(&d[i], 4096))
+            exit(1);
+    if (testdrv_launch(s, 300000, buf, 4096, TESTDRV_WRITE))
+        exit(1);
+    uint64_t records = testdrv_calls("cuEventRecord");
+    for (int i = 0; i < 20; i++)
+        if (cuMemFree(d[i]))
+            exit(1);
+    if (testdrv_calls("cuEventRecord") - records > 20 + 1)
+        exit(2);
+    /* buf stays for the teardown: a release on an idle GPU may count as
+     * waiting too (the fence's event is not complete the moment after it
+     * is recorded). */
+    if (cuCtxSynchronize())
+        exit(1);
+}
+
+static double json_number(const char *text, const char *key)
+{
+    const char *p = strstr(text, key);
+    cr_assert_not_null(p, "no %s in %s", key, text);
+    return strtod(p + strlen(key), NULL);
+}
+
+Test(stats, waiting_avoided_under_a_kernel, .timeout = 20)
+{
+    char text[16384];
+    report_of(releases_under_one_kernel, text, sizeof text);
+    cr_expect_eq(json_number(text, "\"saved\": {\"would_wait\": "), 20, "%s", text);
+    /* Each release would have waited about 0.3 s; the lower bound is the
+     * end of the first one's work, seen by the waiter within a few ms. */
+    double avoided = json_number(text, "\"avoided_s\": ");
+    cr_expect(avoided > 20 * 0.25 && avoided < 20 * 0.4, "avoided %.3f s: %s", avoided, text);
+    double longest = json_number(text, "\"longest_ms\": ");
+    cr_expect(longest > 250 && longest < 400, "longest %.1f ms", longest);
+}
+
 /* Over CUDEFER_DEVICE_CACHE the oldest fenced device blocks go to the
  * driver's stream-ordered free at once, without waiting. */
 Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)

@@ -58,11 +58,12 @@ void cd_stats_add_cached_device_bytes(int64_t delta)
     add_with_peak(&cd_stats.cached_device_bytes, &cd_stats.peak_cached_device_bytes, delta);
 }
 
-void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns)
+void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns, uint64_t longest_ns)
 {
     atomic_fetch_add(&cd_stats.avoided_ns[kind], ns);
     uint64_t longest = atomic_load(&cd_stats.longest_avoided_ns);
-    while (ns > longest && !atomic_compare_exchange_weak(&cd_stats.longest_avoided_ns, &longest, ns))
+    while (longest_ns > longest &&
+           !atomic_compare_exchange_weak(&cd_stats.longest_avoided_ns, &longest, longest_ns))
         ;
 }
 
@@ -88,8 +89,8 @@ static void print_text(void)
                    (unsigned long long)cd_stats.passed[k],
                    (unsigned long long)cd_stats.errors[k],
                    (unsigned long long)cd_stats.would_wait[k]);
-    cd_log_raw("cudefer:   %llu releases would have waited; %.3f s of waiting avoided; "
-               "longest %.1f ms\n", (unsigned long long)sum(cd_stats.would_wait),
+    cd_log_raw("cudefer:   %llu releases would have waited; at least %.3f s of waiting "
+               "avoided; longest %.1f ms\n", (unsigned long long)sum(cd_stats.would_wait),
                (double)sum(cd_stats.avoided_ns) / 1e9,
                (double)cd_stats.longest_avoided_ns / 1e6);
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)

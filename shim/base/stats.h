@@ -27,8 +27,9 @@ struct cd_stats {
     _Atomic uint64_t errors[CD_KIND_COUNT];    /* failed real releases */
     /* What cudefer saved: releases made while the work before them still
      * ran (the driver's call would have waited), and for how long that work
-     * ran on after the release returned (as the waiter saw it, to about a
-     * millisecond). */
+     * ran on after the release returned, at least: releases made while an
+     * earlier one's work still runs are timed by that earlier work's end
+     * (waiter.c), as the waiter saw it, to about a millisecond. */
     _Atomic uint64_t would_wait[CD_KIND_COUNT];
     _Atomic uint64_t avoided_ns[CD_KIND_COUNT];
     _Atomic uint64_t longest_avoided_ns;
@@ -51,7 +52,9 @@ extern struct cd_stats cd_stats;
 const char *cd_flush_reason_name(enum cd_flush_reason why);
 void cd_stats_add_deferred_bytes(int64_t delta);
 void cd_stats_add_cached_device_bytes(int64_t delta);
-void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns);
+/* ns of waiting avoided by releases of kind; the longest of them lasted
+ * longest_ns. */
+void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns, uint64_t longest_ns);
 
 /* The process has used the driver through cudefer: only then are the
  * statistics printed and the report written. Cheap after the first call. */

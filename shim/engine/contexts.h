@@ -54,14 +54,16 @@ struct cd_bin {
     struct cd_link list; /* records, by their bin link */
 };
 
-/* A release the engine made while the work before it still ran: the waiter
- * notes when that work has finished (what the driver's call would have
- * waited for). */
+/* Releases the engine made while the work before them still ran: the
+ * waiter notes when the event recorded behind the first of them has
+ * completed (what the driver's call would have waited for, at least). */
 struct cd_watch {
     struct cd_link link;
     CUevent event;
-    uint64_t since_ns;
-    enum cd_kind kind;
+    uint64_t since_ns;                  /* the first release */
+    uint32_t joined;                    /* releases in all */
+    uint32_t count[CD_KIND_COUNT];      /* releases, per kind */
+    uint64_t after_sum[CD_KIND_COUNT];  /* the sum of their ns after the first */
 };
 
 struct cd_ctx {

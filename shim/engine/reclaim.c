@@ -234,6 +234,7 @@ void cd_context_synchronized(CUcontext ctx)
      * them), the rest with the driver's releases. */
     cd_ctx_warm_up(c);
     flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+    cd_waiter_see(c);
     cd_ctx_exit(c);
 }
 

@@ -26,14 +26,21 @@ void cd_waiter_reset(void);
 void cd_waiter_add(struct cd_ctx *c, struct cd_record *r);
 
 /* A release of kind was made while the work before it still ran: the
- * waiter notes how long that work ran on. c entered, its context current.
- * Does not wait. */
+ * waiter notes how long that work ran on. While the newest watch's work
+ * still runs, the release joins it (no driver call but one query): its
+ * work ends no earlier than that. c entered, its context current. Does not
+ * wait. */
 void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind);
 
 /* Settles c's frees whose marker has completed, now; with wait, first
  * WAITS for everything on c's private stream, so that every free issued
  * before the call is settled. c entered. Returns how many were settled. */
 size_t cd_waiter_settle(struct cd_ctx *c, bool wait);
+
+/* Counts c's watches whose work has ended, now (after a synchronisation
+ * of c, all of them: the waiter may not look again before the exit). c
+ * entered. Does not wait. */
+void cd_waiter_see(struct cd_ctx *c);
 
 /* Whether c has frees in flight. */
 bool cd_waiter_pending(struct cd_ctx *c);
