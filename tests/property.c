@@ -13,7 +13,10 @@
  * and pinned-host capacity, default 64M), PROP_KEEP_GOING=1 (report every
  * failure), PROP_TIMEOUT (seconds), PROP_WRAPPED (the list of wrapped names;
  * default: the shim's one list, shim/doors/wrapped.h), PROP_DRIVER_ALONE=1 (run without the shim,
- * to see the driver's own waits: every release then fails the property).
+ * to see the driver's own waits: every release then fails the property),
+ * PROP_ONE_CONTEXT=1 (the primary context of device 0 alone, no spans and
+ * no resets: the engine then knows one context, and its fences take the
+ * one-context path of fence.h).
  * Unless set, CUDEFER_MAX_DEFERRED_ENTRIES is 32 and CUDEFER_MAX_DEFERRED_BYTES
  * 2M, so that the queues of the contexts go past their limits (soft: the
  * releases past them must not wait either).
@@ -277,6 +280,7 @@ static struct hx_ctx slot_primary = {.name = "primary(0)", .dev = 0};
 static struct hx_ctx slot_user = {.name = "user(1)", .dev = 1};
 static struct hx_ctx slot_role = {.name = "primary(1)", .dev = 1};
 static CUstream spin_streams[2];
+static int nshared = 2; /* 1 with PROP_ONE_CONTEXT */
 
 /* The primary context of device 1: users hold role_rw for reading, a reset
  * takes it for writing; role_calls serialises its retains and releases and
@@ -1581,9 +1585,9 @@ static void one_operation(struct worker *w)
         lookup(w);
     } else if (pick < 930) {
         primary0_pair(w);
-    } else if (pick < 955 && w->span == SPAN_NONE) {
+    } else if (pick < 955 && w->span == SPAN_NONE && nshared > 1) {
         begin_span(w);
-    } else if (pick < 958 && w->span == SPAN_NONE && !w->capturing) {
+    } else if (pick < 958 && w->span == SPAN_NONE && !w->capturing && nshared > 1) {
         reset_op(w);
     } else {
         launch(w);
@@ -1647,7 +1651,7 @@ static void *spin_launcher(void *arg)
             usleep(200);
             continue;
         }
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < nshared; i++)
             if (testdrv_launch_spin(spin_streams[i], &flags[e % NEPOCH]) != CUDA_SUCCESS)
                 hx_fail(NULL, "result", "main's testdrv_launch_spin failed");
         done = e;
@@ -1686,6 +1690,8 @@ int main(int argc, char **argv)
     if ((env = getenv("PROP_CAPACITY")) && *env)
         cap = (size_t)strtoull(env, NULL, 10) << ((strchr(env, 'M') || strchr(env, 'm')) ? 20 : 0);
     driver_alone = (env = getenv("PROP_DRIVER_ALONE")) && strcmp(env, "0") != 0;
+    if ((env = getenv("PROP_ONE_CONTEXT")) && strcmp(env, "0") != 0)
+        nshared = 1;
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "32", 0);
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
@@ -1694,8 +1700,9 @@ int main(int argc, char **argv)
 
     CUcontext popped;
     if (cuInit(0) || cuDevicePrimaryCtxRetain(&slot_primary.h, 0) ||
-        cuDevicePrimaryCtxRetain(&slot_role.h, 1) || cuDevicePrimaryCtxRelease(1) ||
-        cuCtxCreate(&slot_user.h, NULL, 0, 1) || cuCtxPopCurrent(&popped)) {
+        (nshared > 1 && (cuDevicePrimaryCtxRetain(&slot_role.h, 1) ||
+                         cuDevicePrimaryCtxRelease(1) ||
+                         cuCtxCreate(&slot_user.h, NULL, 0, 1) || cuCtxPopCurrent(&popped)))) {
         fprintf(stderr, "property: no contexts (are there 2 devices?)\n");
         return 2;
     }
@@ -1711,7 +1718,7 @@ int main(int argc, char **argv)
             hx_fail(NULL, "table", "the shim wraps %s (%s), and property.c has no rule for it",
                     wrapped[i], wrapped_path);
     struct hx_ctx *shared[] = {&slot_primary, &slot_user};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < nshared; i++)
         if (cuCtxSetCurrent(shared[i]->h) ||
             cuStreamCreate(&spin_streams[i], CU_STREAM_NON_BLOCKING)) {
             fprintf(stderr, "property: no stream in %s\n", shared[i]->name);
@@ -1720,7 +1727,7 @@ int main(int argc, char **argv)
     /* The driver's one-time set-up of cuMemFreeAsync (10 ms) before the
      * measures. */
     CUdeviceptr d = 0;
-    if (cuMemAlloc(&d, 4096) || cuMemFreeAsync(d, spin_streams[1]) || cuCtxSynchronize() ||
+    if (cuMemAlloc(&d, 4096) || cuMemFreeAsync(d, spin_streams[nshared - 1]) || cuCtxSynchronize() ||
         cuCtxSetCurrent(NULL)) {
         fprintf(stderr, "property: the warm-up failed\n");
         return 2;
@@ -1741,7 +1748,7 @@ int main(int argc, char **argv)
         hx_thread_init(&w->t, i);
         unsigned long long n = (unsigned long long)hx.threads;
         w->t.ops = hx.ops / n + ((unsigned long long)i < hx.ops % n);
-        w->home = i % 2 ? &slot_user : &slot_primary;
+        w->home = i % 2 && nshared > 1 ? &slot_user : &slot_primary;
         w->pages = mmap(NULL, (size_t)REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (w->pages == MAP_FAILED) {
@@ -1761,7 +1768,7 @@ int main(int argc, char **argv)
     double work_s = (double)(hx_now_ns() - t0) / 1e9;
 
     hx_watchdog_phase("the end");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < nshared; i++)
         if (cuCtxSetCurrent(shared[i]->h) || cuStreamDestroy(spin_streams[i]) ||
             cuCtxSynchronize())
             hx_fail(NULL, "result", "the end of %s failed", shared[i]->name);

@@ -1115,6 +1115,72 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
 }
 
+/* The same eviction while kernels still write the blocks: the stream-ordered
+ * frees wait for them on the GPU (with one context known the fence is the
+ * context's record, which the private stream does not wait for by itself),
+ * and the releases do not wait on the host. */
+Test(reuse, device_cache_eviction_under_writers, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    test_context();
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr p[4];
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemAlloc(&p[i], 512 << 10));
+    for (int i = 0; i < 4; i++)
+        CU_OK(testdrv_launch(s, 200000, p[i], 512 << 10, TESTDRV_WRITE));
+    uint64_t frees = testdrv_calls("cuMemFreeAsync");
+    uint64_t waits = testdrv_thread_wait_calls();
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemFree(p[i]));
+    cr_expect_eq(testdrv_thread_wait_calls(), waits, "a release waited");
+    cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 2, "expected two blocks evicted");
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "an evicted block was freed under its writer");
+}
+
+/* The fence of a release: with one context known, that context's record
+ * alone (no stream wait, no second record); once a second context is
+ * known, the private stream waits for both contexts' records. */
+struct fence_calls {
+    uint64_t ctx_records, stream_waits;
+};
+
+static struct fence_calls fence_calls_of_a_release(void)
+{
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, 4096));
+    uint64_t rec = testdrv_calls("cuCtxRecordEvent"), wait = testdrv_calls("cuStreamWaitEvent");
+    CU_OK(cuMemFree(p));
+    return (struct fence_calls){testdrv_calls("cuCtxRecordEvent") - rec,
+                                testdrv_calls("cuStreamWaitEvent") - wait};
+}
+
+Test(fence, one_record_with_one_context, .timeout = 10)
+{
+    test_context();
+    struct fence_calls one = fence_calls_of_a_release();
+    /* A watch of the waiting avoided may add a record of its own. */
+    cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
+              (unsigned long long)one.ctx_records);
+    cr_expect_eq(one.stream_waits, 0);
+
+    CUcontext first = test_context(), second;
+    CUdevice dev;
+    CU_OK(cuDeviceGet(&dev, 0));
+    CU_OK(cuCtxCreate(&second, NULL, 0, dev));
+    CUdeviceptr q;
+    CU_OK(cuMemAlloc(&q, 4096)); /* the engine knows the second context now */
+    CU_OK(cuCtxSetCurrent(first));
+    struct fence_calls two = fence_calls_of_a_release();
+    cr_expect_geq(two.ctx_records, 2, "the other context was not fenced");
+    cr_expect_geq(two.stream_waits, 2);
+    CU_OK(cuCtxSetCurrent(second));
+    CU_OK(cuMemFree(q));
+    CU_OK(cuCtxDestroy(second));
+}
+
 /* ---- out-of-memory storms ------------------------------------------------ */
 
 struct storm {

@@ -303,6 +303,59 @@ Test(scenarios, no_hidden_wait_in_a_second_context, .timeout = 20)
     CU_OK(cuCtxDestroy(second));
 }
 
+/* One context, and a second thread that retains and releases its primary
+ * context over and over (a library doing its own set-up, say): during each
+ * of those releases the engine keeps its own walks out of the context,
+ * which is where a library's release is kept. With no other context to
+ * take it, the release must still not become the driver's waiting unload:
+ * the calling thread's current context takes it. */
+struct retain_loop {
+    CUdevice dev;
+    atomic_int stop;
+    long pairs;
+};
+
+static void *retain_release_loop(void *arg)
+{
+    struct retain_loop *rl = arg;
+    CUcontext ctx;
+    while (!atomic_load(&rl->stop)) {
+        if (cuDevicePrimaryCtxRetain(&ctx, rl->dev) != CUDA_SUCCESS ||
+            cuDevicePrimaryCtxRelease(rl->dev) != CUDA_SUCCESS)
+            break;
+        rl->pairs++;
+    }
+    return NULL;
+}
+
+Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout = 30)
+{
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    struct retain_loop rl = {.dev = device0()};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, retain_release_loop, &rl), 0);
+    uint64_t worst_calls = 0, worst_ns = 0;
+    for (int i = 0; i < 400; i++) {
+        CUlibrary lib = library_loaded(NULL);
+        /* Work in the context that the driver's unload would wait for. */
+        CU_OK(testdrv_launch(s, 2000, 0, 0, TESTDRV_WRITE));
+        struct meter m = meter_start();
+        CU_OK(cuLibraryUnload(lib));
+        struct cost c = meter_stop(m);
+        if (c.wait_calls > worst_calls || (c.wait_calls == worst_calls && c.blocked_ns > worst_ns)) {
+            worst_calls = c.wait_calls;
+            worst_ns = c.blocked_ns;
+        }
+    }
+    atomic_store(&rl.stop, 1);
+    pthread_join(t, NULL);
+    cr_expect_gt(rl.pairs, 0, "the other thread made no retain/release pair");
+    cr_expect_eq(worst_calls, 0, "an unload made %llu calls that may wait (blocked %llu us)",
+                 (unsigned long long)worst_calls, (unsigned long long)(worst_ns / 1000));
+    CU_OK(cuCtxSynchronize());
+}
+
 Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout = 20)
 {
     test_context();

@@ -47,6 +47,11 @@ void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
     }
 }
 
+bool cd_ctx_alone(const struct cd_ctx *c)
+{
+    return atomic_load(&nslots) == 1 && slot(0) == c;
+}
+
 struct adopt {
     struct cd_ctx *c;
     unsigned gen;

@@ -62,6 +62,7 @@ struct cd_watch {
     CUevent event;
     uint64_t since_ns;                  /* the first release */
     uint32_t joined;                    /* releases in all */
+    bool ended;                         /* a query saw its work end */
     uint32_t count[CD_KIND_COUNT];      /* releases, per kind */
     uint64_t after_sum[CD_KIND_COUNT];  /* the sum of their ns after the first */
 };
@@ -89,6 +90,7 @@ struct cd_ctx {
     int claims;                        /* records a reuse is looking at */
     struct cd_link inflight;           /* device frees issued, not yet batched */
     struct cd_link watches;
+    _Atomic uint64_t watch_ns;         /* when the newest watch began */
     _Atomic bool sticky;               /* the context has a sticky error */
 
     /* Device frees in flight, behind marker events (waiter.c); whoever
@@ -121,6 +123,10 @@ struct cd_batch {
 /* Calls fn on every slot that is READY, entered for the call (skipping one
  * that closes meanwhile). */
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
+
+/* Whether c's slot is the only one the engine has made: no other context
+ * has been known (a fence of c covers all that cd_ctx_each would visit). */
+bool cd_ctx_alone(const struct cd_ctx *c);
 
 /* A READY slot, entered as a walk (the caller ends the use with
  * cd_ctx_exit_walk), and its generation in *gen; NULL when there is none.

@@ -48,9 +48,25 @@ static void fence_other(struct cd_ctx *o, void *arg)
                (int)rc);
 }
 
+/* One context known: its record, into the release's own event. */
+static CUresult fence_alone(struct cd_ctx *c, CUevent *done, const struct cd_driver_ops *ops)
+{
+    CUresult rc = cd_ctx_event_get(c, done);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = ops->ctx_record_event(atomic_load(&c->handle), *done);
+    if (rc != CUDA_SUCCESS) {
+        cd_ctx_event_put(c, *done);
+        *done = NULL;
+    }
+    return rc;
+}
+
 CUresult cd_fence(struct cd_ctx *c, CUevent *done)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
+    if (done && c->ctx_record && cd_ctx_alone(c))
+        return fence_alone(c, done, ops);
     CUresult rc = fence_one(c, c, ops);
     if (rc != CUDA_SUCCESS)
         return rc;

@@ -10,6 +10,12 @@
  * stream creation and destruction), and the private stream is a blocking
  * one, which follows the legacy stream.
  *
+ * When the engine has known one context only (the common case of a
+ * program on one GPU), the fence is that context's record alone, made into
+ * the release's event: one driver call instead of three, and the private
+ * stream does not wait for it. Whatever frees memory on the private stream
+ * therefore makes it wait for the record's event first (cd_retire_free).
+ *
  * Nothing here waits for the GPU: records and stream waits return at once
  * (0.46 us for a record, a wait and a record, measured). Callers hold the
  * capture gate (capture.h): a record during a live capture would
@@ -20,11 +26,14 @@
 
 #include "contexts.h"
 
-/* Makes c's private stream wait for the work submitted so far in every
- * context the engine knows, then records a spare event behind it in *done
- * (done NULL: no event). Called with c entered and its context current. An
- * error of c's own record is returned (a sticky error of the context);
- * another context's is not (a context that faulted runs nothing more). */
+/* Records in *done a spare event that completes when the work submitted so
+ * far in every context the engine knows has finished. With several
+ * contexts known, or before 12.5, c's private stream waits for that work
+ * and *done is recorded behind it; with one, *done is c's own record and
+ * the private stream is left as it was. done NULL: the private stream waits,
+ * no event. Called with c entered and its context current. An error of c's
+ * own record is returned (a sticky error of the context); another
+ * context's is not (a context that faulted runs nothing more). */
 CUresult cd_fence(struct cd_ctx *c, CUevent *done);
 
 /* Before driver 12.5: the streams of the program, for the fences; owner is

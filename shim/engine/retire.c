@@ -93,7 +93,10 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
     while (!cd_list_empty(records)) {
         struct cd_record *r = CD_CONTAINER(records->next, struct cd_record, age);
         cd_list_remove(&r->age);
-        CUresult rc = ops->mem_free_async((CUdeviceptr)r->key, stream);
+        /* The fence may be a record the stream did not wait for (fence.h). */
+        CUresult rc = r->done ? ops->stream_wait_event(stream, r->done, 0) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS)
+            rc = ops->mem_free_async((CUdeviceptr)r->key, stream);
         if (rc != CUDA_SUCCESS) {
             cd_log(CD_LOG_DEBUG, "cuMemFreeAsync of %#lx: error %d; kept", (unsigned long)r->key,
                    (int)rc);
@@ -283,15 +286,23 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     /* A library names no context: its use of the slot is not the
      * program's, and is entered as a walk (contexts.h). */
     bool library = r->kind == CD_LIBRARY;
+    bool walk = library;
     bool entered = c && (library ? cd_ctx_enter_walk(c, r->gen) : cd_ctx_enter_own(c, r->gen));
     if (!entered && library) {
-        /* A library outlives the context it was loaded in: its release
-         * is kept in another context that lives (the fence covers every
-         * context). Not the thread's current one: its binding may name the
-         * context that ended. */
+        /* A library outlives the context it was loaded in, or its slot
+         * keeps walks out for a moment (MAY_END: another thread releases
+         * that primary context): its release is kept in another context
+         * that lives (the fence covers every context). When there is none
+         * (one context, the common case), the thread's current context
+         * serves, entered for this call as the program's own: a binding
+         * that names a context that ended finds its slot closed. */
         unsigned gen;
         c = cd_ctx_adopt(&gen);
         entered = c != NULL;
+        if (!entered && (c = cd_ctx_current()) != NULL) {
+            entered = cd_ctx_enter_any(c, &gen);
+            walk = false;
+        }
         if (entered)
             cd_registry_move(r, c, gen);
     }
@@ -302,7 +313,7 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         took = pass_through(r, "its kind is off");
     else
         took = place(c, r, rc);
-    if (library)
+    if (walk)
         cd_ctx_exit_walk(c);
     else
         cd_ctx_exit(c);

@@ -14,7 +14,7 @@
 void cd_retire_backlog(void);
 
 /* Hands device records (taken off c's books, fenced) to cuMemFreeAsync on
- * stream, behind what already waits there; the waiter settles them. One the
+ * stream, each behind its fence's event; the waiter settles them. One the
  * driver refuses goes back on the books. Called with c entered, inside the
  * capture gate. Does not wait. */
 void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records);

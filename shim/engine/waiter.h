@@ -26,10 +26,12 @@ void cd_waiter_reset(void);
 void cd_waiter_add(struct cd_ctx *c, struct cd_record *r);
 
 /* A release of kind was made while the work before it still ran: the
- * waiter notes how long that work ran on. While the newest watch's work
- * still runs, the release joins it (no driver call but one query): its
- * work ends no earlier than that. c entered, its context current. Does not
- * wait. */
+ * waiter notes how long that work ran on, at least. While the newest
+ * watch's work still runs, the release joins it (no driver call but one
+ * query): its work ends no earlier than that. Otherwise it begins a watch,
+ * at most one a millisecond per context (a release in between adds
+ * nothing). c entered, its context current, inside the capture gate.
+ * Does not wait. */
 void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind);
 
 /* Settles c's frees whose marker has completed, now; with wait, first
