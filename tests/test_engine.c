@@ -1165,6 +1165,13 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
               (unsigned long long)one.ctx_records);
     cr_expect_eq(one.stream_waits, 0);
+    /* A registration's release, whose caller waits for its fence at once,
+     * keeps the private stream's wait and record (fence.h). */
+    char *pages = aligned_alloc(4096, 4096);
+    CU_OK(cuMemHostRegister(pages, 4096, 0));
+    uint64_t wait = testdrv_calls("cuStreamWaitEvent");
+    CU_OK(cuMemHostUnregister(pages));
+    cr_expect_geq(testdrv_calls("cuStreamWaitEvent") - wait, 1);
 
     CUcontext first = test_context(), second;
     CUdevice dev;

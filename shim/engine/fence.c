@@ -62,10 +62,10 @@ static CUresult fence_alone(struct cd_ctx *c, CUevent *done, const struct cd_dri
     return rc;
 }
 
-CUresult cd_fence(struct cd_ctx *c, CUevent *done)
+static CUresult fence(struct cd_ctx *c, CUevent *done, bool alone_ok)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    if (done && c->ctx_record && cd_ctx_alone(c))
+    if (alone_ok && done && c->ctx_record && cd_ctx_alone(c))
         return fence_alone(c, done, ops);
     CUresult rc = fence_one(c, c, ops);
     if (rc != CUDA_SUCCESS)
@@ -83,6 +83,16 @@ CUresult cd_fence(struct cd_ctx *c, CUevent *done)
         *done = NULL;
     }
     return rc;
+}
+
+CUresult cd_fence(struct cd_ctx *c, CUevent *done)
+{
+    return fence(c, done, true);
+}
+
+CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done)
+{
+    return fence(c, done, false);
 }
 
 void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner)

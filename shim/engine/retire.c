@@ -204,7 +204,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     CUresult frc = CUDA_ERROR_NOT_READY;
     if (cd_gate_enter()) {
-        frc = cd_fence(c, &r->done);
+        frc = cd_fence_for_host(c, &r->done);
         cd_gate_exit();
     }
     cd_scope_leave(&sc);
