@@ -1,0 +1,302 @@
+/* phases.c - cudefer-phases: where one loop iteration's time goes, call by
+ * call, in the process it runs in (with or without cudefer preloaded; run it
+ * both ways and compare).
+ *
+ * Three loops of cudefer-loops' rows, each twice (the second is the figure
+ * to read; the first warms the driver up), with no synchronisation inside:
+ *   dev4k   cuMemAlloc(4 KiB) / cudefer_touch of 16 words / cuMemFree
+ *   host4k  cuMemAllocHost(4 KiB) / cuMemHostGetDevicePointer / touch /
+ *           cuMemFreeHost
+ *   reg4k   cuMemHostRegister(4 KiB, DEVICEMAP) / cuMemHostGetDevicePointer
+ *           / cudefer_fill of the page / cuMemHostUnregister
+ * and prints the mean ns of each call. Then the driver calls a fence is made
+ * of, on an idle GPU: cuEventQuery of an event recorded on a stream and of
+ * one recorded with cuCtxRecordEvent, cuCtxGetCurrent, cuCtxRecordEvent and
+ * cuEventRecord (ns per call).
+ *
+ * With --sample, the dev4k loop runs ITERS more times (default 300000)
+ * under a SIGPROF timer of 1 ms of process CPU time (every thread's), and
+ * the sampled program counters are printed per library and, where the
+ * dynamic symbol table names one, per function (static functions of a
+ * library show as "-"; resolve them with addr2line and the offsets of
+ * --sample-offsets).
+ *
+ * --smoke makes every count a hundred times smaller (over the test driver,
+ * where the figures mean nothing: the run checks that every call succeeds).
+ *
+ * Usage: cudefer-phases [--smoke] [--sample [ITERS]] [--sample-offsets]
+ * Exit status: 0, or 1 when a CUDA call fails.
+ */
+#include "gpu.h"
+#include "kernels.h"
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <ucontext.h>
+
+/* Iterations of each loop; a hundredth with --smoke. */
+static int N = 3000;
+
+static unsigned long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+/* ---- the loops ----------------------------------------------------------- */
+
+static void dev4k(const struct gc_kernels *k, CUstream s, int iters, unsigned long long t[3])
+{
+    for (int i = 0; i < iters; i++) {
+        CUdeviceptr d;
+        unsigned long long a = now_ns();
+        GC_CHECK(cuMemAlloc(&d, 4096));
+        unsigned long long b = now_ns();
+        GC_CHECK(gc_touch(k, s, d, 16));
+        unsigned long long c = now_ns();
+        GC_CHECK(cuMemFree(d));
+        unsigned long long e = now_ns();
+        t[0] += b - a;
+        t[1] += c - b;
+        t[2] += e - c;
+    }
+    GC_CHECK(cuCtxSynchronize());
+}
+
+static void host4k(const struct gc_kernels *k, CUstream s, int iters, unsigned long long t[4])
+{
+    for (int i = 0; i < iters; i++) {
+        CUdeviceptr d;
+        void *h;
+        unsigned long long a = now_ns();
+        GC_CHECK(cuMemAllocHost(&h, 4096));
+        unsigned long long b = now_ns();
+        GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
+        unsigned long long c = now_ns();
+        GC_CHECK(gc_touch(k, s, d, 16));
+        unsigned long long e = now_ns();
+        GC_CHECK(cuMemFreeHost(h));
+        unsigned long long f = now_ns();
+        t[0] += b - a;
+        t[1] += c - b;
+        t[2] += e - c;
+        t[3] += f - e;
+    }
+    GC_CHECK(cuCtxSynchronize());
+}
+
+static void reg4k(const struct gc_kernels *k, CUstream s, void *page, int iters,
+                  unsigned long long t[4])
+{
+    for (int i = 0; i < iters; i++) {
+        CUdeviceptr d;
+        unsigned long long a = now_ns();
+        GC_CHECK(cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP));
+        unsigned long long b = now_ns();
+        GC_CHECK(cuMemHostGetDevicePointer(&d, page, 0));
+        unsigned long long c = now_ns();
+        GC_CHECK(gc_fill(k, s, d, 4096));
+        unsigned long long e = now_ns();
+        GC_CHECK(cuMemHostUnregister(page));
+        unsigned long long f = now_ns();
+        t[0] += b - a;
+        t[1] += c - b;
+        t[2] += e - c;
+        t[3] += f - e;
+    }
+    GC_CHECK(cuCtxSynchronize());
+}
+
+/* ns per call of the driver calls a fence is made of, on an idle GPU. */
+static void fence_calls(CUstream s)
+{
+    const int M = N * 200 / 3;
+    CUevent on_stream, on_ctx;
+    CUcontext ctx;
+    GC_CHECK(cuEventCreate(&on_stream, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(cuEventCreate(&on_ctx, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(cuCtxGetCurrent(&ctx));
+    GC_CHECK(cuEventRecord(on_stream, s));
+    GC_CHECK(cuCtxRecordEvent(ctx, on_ctx));
+    GC_CHECK(cuCtxSynchronize());
+    unsigned long long a = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuEventQuery(on_stream));
+    unsigned long long b = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuEventQuery(on_ctx));
+    unsigned long long c = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuCtxGetCurrent(&ctx));
+    unsigned long long d = now_ns();
+    for (int i = 0; i < M / 10; i++)
+        GC_CHECK(cuCtxRecordEvent(ctx, on_ctx));
+    unsigned long long e = now_ns();
+    GC_CHECK(cuCtxSynchronize());
+    unsigned long long f0 = now_ns();
+    for (int i = 0; i < M / 10; i++)
+        GC_CHECK(cuEventRecord(on_stream, s));
+    unsigned long long f = now_ns();
+    GC_CHECK(cuCtxSynchronize());
+    printf("calls  query(stream's event) %.0f  query(context's record) %.0f  "
+           "cuCtxGetCurrent %.0f  cuCtxRecordEvent %.0f  cuEventRecord %.0f ns\n",
+           (double)(b - a) / M, (double)(c - b) / M, (double)(d - c) / M,
+           (double)(e - d) / (M / 10), (double)(f - f0) / (M / 10));
+    GC_CHECK(cuEventDestroy(on_stream));
+    GC_CHECK(cuEventDestroy(on_ctx));
+}
+
+/* ---- the sampler ------------------------------------------------------------ */
+
+#define MAX_SAMPLES 400000
+static void *samples[MAX_SAMPLES];
+static volatile sig_atomic_t nsamples;
+
+static void on_prof(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)si;
+#if defined(__x86_64__)
+    void *pc = (void *)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    void *pc = (void *)((ucontext_t *)uc)->uc_mcontext.pc;
+#else
+    void *pc = NULL;
+    (void)uc;
+#endif
+    if (nsamples < MAX_SAMPLES)
+        samples[nsamples++] = pc;
+}
+
+struct count {
+    char name[256];
+    unsigned long n;
+};
+
+static int by_count(const void *a, const void *b)
+{
+    const struct count *x = a, *y = b;
+    return (y->n > x->n) - (y->n < x->n);
+}
+
+static void add(struct count *c, size_t *n, size_t cap, const char *name)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp(c[i].name, name) == 0) {
+            c[i].n++;
+            return;
+        }
+    if (*n < cap) {
+        snprintf(c[*n].name, sizeof c[*n].name, "%s", name);
+        c[(*n)++].n = 1;
+    }
+}
+
+static void print_counts(const char *what, struct count *c, size_t n, size_t top)
+{
+    qsort(c, n, sizeof *c, by_count);
+    printf("sample %s:\n", what);
+    for (size_t i = 0; i < n && i < top; i++)
+        printf("  %6lu  %s\n", c[i].n, c[i].name);
+}
+
+static void sample(const struct gc_kernels *k, CUstream s, int iters, bool offsets)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_prof;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigaction(SIGPROF, &sa, NULL);
+    struct itimerval on = {{0, 1000}, {0, 1000}}, off;
+    memset(&off, 0, sizeof off);
+    unsigned long long t[3] = {0, 0, 0};
+    setitimer(ITIMER_PROF, &on, NULL);
+    dev4k(k, s, iters, t);
+    setitimer(ITIMER_PROF, &off, NULL);
+
+    static struct count libs[64], funcs[512];
+    size_t nlibs = 0, nfuncs = 0;
+    for (int i = 0; i < nsamples; i++) {
+        Dl_info di;
+        char name[300];
+        if (!dladdr(samples[i], &di) || !di.dli_fname) {
+            add(libs, &nlibs, 64, "?");
+            continue;
+        }
+        add(libs, &nlibs, 64, di.dli_fname);
+        const char *base = strrchr(di.dli_fname, '/');
+        snprintf(name, sizeof name, "%s %s", base ? base + 1 : di.dli_fname,
+                 di.dli_sname ? di.dli_sname : "-");
+        add(funcs, &nfuncs, 512, name);
+        if (offsets)
+            printf("sample-offset %s 0x%lx\n", di.dli_fname,
+                   (unsigned long)((char *)samples[i] - (char *)di.dli_fbase));
+    }
+    printf("sample: %d samples over %d dev4k iterations (%.0f ns an iteration)\n", (int)nsamples,
+           iters, (double)(t[0] + t[1] + t[2]) / iters);
+    print_counts("by library", libs, nlibs, 10);
+    print_counts("by function", funcs, nfuncs, 25);
+}
+
+int main(int argc, char **argv)
+{
+    int sample_iters = 0;
+    bool offsets = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--sample") == 0) {
+            sample_iters = 300000;
+            if (i + 1 < argc && atoi(argv[i + 1]) > 0)
+                sample_iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--sample-offsets") == 0) {
+            offsets = true;
+        } else if (strcmp(argv[i], "--smoke") == 0) {
+            N = 30;
+        } else {
+            fprintf(stderr, "usage: cudefer-phases [--smoke] [--sample [ITERS]] [--sample-offsets]\n");
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    gc_init();
+    struct gc_kernels k;
+    gc_load_kernels(&k);
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    printf("cudefer %s\n", gc_cudefer_loaded() ? "loaded" : "not loaded");
+    void *page = gc_xpages(4096);
+    for (int rep = 0; rep < 2; rep++) {
+        unsigned long long t[4] = {0, 0, 0, 0};
+        dev4k(&k, s, N, t);
+        if (rep)
+            printf("dev4k  cuMemAlloc %.0f  launch %.0f  cuMemFree %.0f ns\n", (double)t[0] / N,
+                   (double)t[1] / N, (double)t[2] / N);
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        unsigned long long t[4] = {0, 0, 0, 0};
+        host4k(&k, s, N / 3, t);
+        if (rep)
+            printf("host4k cuMemAllocHost %.0f  cuMemHostGetDevicePointer %.0f  launch %.0f  "
+                   "cuMemFreeHost %.0f ns\n", (double)t[0] / (N / 3), (double)t[1] / (N / 3),
+                   (double)t[2] / (N / 3), (double)t[3] / (N / 3));
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        unsigned long long t[4] = {0, 0, 0, 0};
+        reg4k(&k, s, page, N / 3, t);
+        if (rep)
+            printf("reg4k  cuMemHostRegister %.0f  cuMemHostGetDevicePointer %.0f  launch %.0f  "
+                   "cuMemHostUnregister %.0f ns\n", (double)t[0] / (N / 3), (double)t[1] / (N / 3),
+                   (double)t[2] / (N / 3), (double)t[3] / (N / 3));
+    }
+    fence_calls(s);
+    if (sample_iters)
+        sample(&k, s, sample_iters, offsets);
+    GC_CHECK(cuStreamDestroy(s));
+    free(page);
+    return 0;
+}
