@@ -1,6 +1,8 @@
 /* log.c - messages on the stderr cudefer started with. */
 #include "log.h"
 
+#include "nvtx.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -109,4 +111,20 @@ void cd_log_raw(const char *fmt, ...)
     va_start(ap, fmt);
     emit("", fmt, ap);
     va_end(ap);
+}
+
+/* ---- NVTX (nvtx.h) --------------------------------------------------------- */
+
+static pthread_once_t nvtx_once = PTHREAD_ONCE_INIT;
+
+static void nvtx_first_call(void)
+{
+#ifdef CUDEFER_HAVE_NVTX
+    nvtxInitialize(NULL);
+#endif
+}
+
+void cd_range_init(void)
+{
+    pthread_once(&nvtx_once, nvtx_first_call);
 }
