@@ -51,66 +51,100 @@ static unsigned long long now_ns(void)
 
 /* ---- the loops ----------------------------------------------------------- */
 
-static void dev4k(const struct gc_kernels *k, CUstream s, int iters, unsigned long long t[3])
+/* What every loop uses, and the ns each of its calls took (summed). */
+struct run {
+    const struct gc_kernels *k;
+    CUstream s;
+    void *page;                /* reg4k's page */
+    unsigned long long t[4];   /* per call, in the order of the loop's names */
+    unsigned long long mark;   /* when the call now timed began */
+};
+
+/* Adds the time since the last mark to call i's sum. */
+static void lap(struct run *r, int i)
 {
-    for (int i = 0; i < iters; i++) {
-        CUdeviceptr d;
-        unsigned long long a = now_ns();
-        GC_CHECK(cuMemAlloc(&d, 4096));
-        unsigned long long b = now_ns();
-        GC_CHECK(gc_touch(k, s, d, 16));
-        unsigned long long c = now_ns();
-        GC_CHECK(cuMemFree(d));
-        unsigned long long e = now_ns();
-        t[0] += b - a;
-        t[1] += c - b;
-        t[2] += e - c;
-    }
+    unsigned long long now = now_ns();
+    r->t[i] += now - r->mark;
+    r->mark = now;
+}
+
+static void dev4k_once(struct run *r)
+{
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, 4096));
+    lap(r, 0);
+    GC_CHECK(gc_touch(r->k, r->s, d, 16));
+    lap(r, 1);
+    GC_CHECK(cuMemFree(d));
+    lap(r, 2);
+}
+
+static void host4k_once(struct run *r)
+{
+    CUdeviceptr d;
+    void *h;
+    GC_CHECK(cuMemAllocHost(&h, 4096));
+    lap(r, 0);
+    GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
+    lap(r, 1);
+    GC_CHECK(gc_touch(r->k, r->s, d, 16));
+    lap(r, 2);
+    GC_CHECK(cuMemFreeHost(h));
+    lap(r, 3);
+}
+
+static void reg4k_once(struct run *r)
+{
+    CUdeviceptr d;
+    GC_CHECK(cuMemHostRegister(r->page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP));
+    lap(r, 0);
+    GC_CHECK(cuMemHostGetDevicePointer(&d, r->page, 0));
+    lap(r, 1);
+    GC_CHECK(gc_fill(r->k, r->s, d, 4096));
+    lap(r, 2);
+    GC_CHECK(cuMemHostUnregister(r->page));
+    lap(r, 3);
+}
+
+struct loop {
+    const char *name;
+    void (*once)(struct run *r);
+    int share;                 /* of N iterations: N / share */
+    const char *calls[4];      /* NULL after the last */
+};
+
+static const struct loop loops[] = {
+    {"dev4k ", dev4k_once, 1, {"cuMemAlloc", "launch", "cuMemFree", NULL}},
+    {"host4k", host4k_once, 3,
+     {"cuMemAllocHost", "cuMemHostGetDevicePointer", "launch", "cuMemFreeHost"}},
+    {"reg4k ", reg4k_once, 3,
+     {"cuMemHostRegister", "cuMemHostGetDevicePointer", "launch", "cuMemHostUnregister"}},
+};
+
+/* iters iterations of l with no synchronisation inside, then one; the sums
+ * in r->t. */
+static void run_loop(const struct loop *l, struct run *r, int iters)
+{
+    memset(r->t, 0, sizeof r->t);
+    r->mark = now_ns();
+    for (int i = 0; i < iters; i++)
+        l->once(r);
     GC_CHECK(cuCtxSynchronize());
 }
 
-static void host4k(const struct gc_kernels *k, CUstream s, int iters, unsigned long long t[4])
+/* Each loop twice (the first warms the driver up), the second printed. */
+static void run_loops(struct run *r)
 {
-    for (int i = 0; i < iters; i++) {
-        CUdeviceptr d;
-        void *h;
-        unsigned long long a = now_ns();
-        GC_CHECK(cuMemAllocHost(&h, 4096));
-        unsigned long long b = now_ns();
-        GC_CHECK(cuMemHostGetDevicePointer(&d, h, 0));
-        unsigned long long c = now_ns();
-        GC_CHECK(gc_touch(k, s, d, 16));
-        unsigned long long e = now_ns();
-        GC_CHECK(cuMemFreeHost(h));
-        unsigned long long f = now_ns();
-        t[0] += b - a;
-        t[1] += c - b;
-        t[2] += e - c;
-        t[3] += f - e;
+    for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
+        const struct loop *l = &loops[i];
+        int iters = N / l->share;
+        run_loop(l, r, iters);
+        run_loop(l, r, iters);
+        printf("%s", l->name);
+        for (int c = 0; c < 4 && l->calls[c]; c++)
+            printf("  %s %.0f", l->calls[c], (double)r->t[c] / iters);
+        printf(" ns\n");
     }
-    GC_CHECK(cuCtxSynchronize());
-}
-
-static void reg4k(const struct gc_kernels *k, CUstream s, void *page, int iters,
-                  unsigned long long t[4])
-{
-    for (int i = 0; i < iters; i++) {
-        CUdeviceptr d;
-        unsigned long long a = now_ns();
-        GC_CHECK(cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP));
-        unsigned long long b = now_ns();
-        GC_CHECK(cuMemHostGetDevicePointer(&d, page, 0));
-        unsigned long long c = now_ns();
-        GC_CHECK(gc_fill(k, s, d, 4096));
-        unsigned long long e = now_ns();
-        GC_CHECK(cuMemHostUnregister(page));
-        unsigned long long f = now_ns();
-        t[0] += b - a;
-        t[1] += c - b;
-        t[2] += e - c;
-        t[3] += f - e;
-    }
-    GC_CHECK(cuCtxSynchronize());
 }
 
 /* ns per call of the driver calls a fence is made of, on an idle GPU. */
@@ -206,7 +240,7 @@ static void print_counts(const char *what, struct count *c, size_t n, size_t top
         printf("  %6lu  %s\n", c[i].n, c[i].name);
 }
 
-static void sample(const struct gc_kernels *k, CUstream s, int iters, bool offsets)
+static void sample(struct run *r, int iters, bool offsets)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -215,9 +249,8 @@ static void sample(const struct gc_kernels *k, CUstream s, int iters, bool offse
     sigaction(SIGPROF, &sa, NULL);
     struct itimerval on = {{0, 1000}, {0, 1000}}, off;
     memset(&off, 0, sizeof off);
-    unsigned long long t[3] = {0, 0, 0};
     setitimer(ITIMER_PROF, &on, NULL);
-    dev4k(k, s, iters, t);
+    run_loop(&loops[0], r, iters);
     setitimer(ITIMER_PROF, &off, NULL);
 
     static struct count libs[64], funcs[512];
@@ -239,7 +272,7 @@ static void sample(const struct gc_kernels *k, CUstream s, int iters, bool offse
                    (unsigned long)((char *)samples[i] - (char *)di.dli_fbase));
     }
     printf("sample: %d samples over %d dev4k iterations (%.0f ns an iteration)\n", (int)nsamples,
-           iters, (double)(t[0] + t[1] + t[2]) / iters);
+           iters, (double)(r->t[0] + r->t[1] + r->t[2]) / iters);
     print_counts("by library", libs, nlibs, 10);
     print_counts("by function", funcs, nfuncs, 25);
 }
@@ -269,34 +302,12 @@ int main(int argc, char **argv)
     CUstream s;
     GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     printf("cudefer %s\n", gc_cudefer_loaded() ? "loaded" : "not loaded");
-    void *page = gc_xpages(4096);
-    for (int rep = 0; rep < 2; rep++) {
-        unsigned long long t[4] = {0, 0, 0, 0};
-        dev4k(&k, s, N, t);
-        if (rep)
-            printf("dev4k  cuMemAlloc %.0f  launch %.0f  cuMemFree %.0f ns\n", (double)t[0] / N,
-                   (double)t[1] / N, (double)t[2] / N);
-    }
-    for (int rep = 0; rep < 2; rep++) {
-        unsigned long long t[4] = {0, 0, 0, 0};
-        host4k(&k, s, N / 3, t);
-        if (rep)
-            printf("host4k cuMemAllocHost %.0f  cuMemHostGetDevicePointer %.0f  launch %.0f  "
-                   "cuMemFreeHost %.0f ns\n", (double)t[0] / (N / 3), (double)t[1] / (N / 3),
-                   (double)t[2] / (N / 3), (double)t[3] / (N / 3));
-    }
-    for (int rep = 0; rep < 2; rep++) {
-        unsigned long long t[4] = {0, 0, 0, 0};
-        reg4k(&k, s, page, N / 3, t);
-        if (rep)
-            printf("reg4k  cuMemHostRegister %.0f  cuMemHostGetDevicePointer %.0f  launch %.0f  "
-                   "cuMemHostUnregister %.0f ns\n", (double)t[0] / (N / 3), (double)t[1] / (N / 3),
-                   (double)t[2] / (N / 3), (double)t[3] / (N / 3));
-    }
+    struct run r = {.k = &k, .s = s, .page = gc_xpages(4096)};
+    run_loops(&r);
     fence_calls(s);
     if (sample_iters)
-        sample(&k, s, sample_iters, offsets);
+        sample(&r, sample_iters, offsets);
     GC_CHECK(cuStreamDestroy(s));
-    free(page);
+    free(r.page);
     return 0;
 }
