@@ -61,7 +61,6 @@ struct cd_watch {
     struct cd_link link;
     CUevent event;
     uint64_t since_ns;                  /* the first release */
-    uint32_t joined;                    /* releases in all */
     bool ended;                         /* a query saw its work end */
     uint32_t count[CD_KIND_COUNT];      /* releases, per kind */
     uint64_t after_sum[CD_KIND_COUNT];  /* the sum of their ns after the first */

@@ -87,6 +87,14 @@ void cd_waiter_add(struct cd_ctx *c, struct cd_record *r)
  * H200). */
 #define WATCH_EVERY_NS 1000000
 
+static uint32_t releases_of(const struct cd_watch *w)
+{
+    uint32_t n = 0;
+    for (int k = 0; k < CD_KIND_COUNT; k++)
+        n += w->count[k];
+    return n;
+}
+
 /* Adds a release of kind made at now to the newest watch of c, if that
  * watch's work still runs. Under c->lock, so that the waiter cannot free
  * it meanwhile. */
@@ -97,9 +105,8 @@ static bool join_newest(struct cd_ctx *c, enum cd_kind kind, uint64_t now,
     pthread_mutex_lock(&c->lock);
     if (!cd_list_empty(&c->watches)) {
         struct cd_watch *w = CD_CONTAINER(c->watches.prev, struct cd_watch, link);
-        if (!w->ended && w->joined < WATCH_JOINS && now >= w->since_ns) {
+        if (!w->ended && releases_of(w) < WATCH_JOINS && now >= w->since_ns) {
             if (ops->event_query(w->event) == CUDA_ERROR_NOT_READY) {
-                w->joined++;
                 w->count[kind]++;
                 w->after_sum[kind] += now - w->since_ns;
                 joined = true;
@@ -126,7 +133,6 @@ void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind)
     if (!w)
         return;
     w->since_ns = now;
-    w->joined = 1;
     w->count[kind] = 1;
     /* A fence of its own: it completes when the work before the release
      * has finished, as the release's does. */
