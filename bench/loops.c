@@ -130,7 +130,7 @@ static struct {
     double budget_s;      /* parent: no child started after this many s (0: none) */
     /* child only */
     const char *child;  /* "stall", "loop:<row>:<touch>", "cost" or "live" */
-    const char *mode;   /* "none", "cudefer" or "pool" */
+    const char *mode;   /* "none", "cudefer", "keep" or "pool" */
     long live_max;      /* live: the largest N to reach (0: no limit) */
 } opt = {.runs = 5};
 
@@ -236,10 +236,11 @@ static void gpu_open(void)
     *(void **)&gpu.flush = dlsym(RTLD_DEFAULT, "cudefer_flush");
     gpu.cudefer = cudefer_version ? cudefer_version() : NULL;
 
-    if (strcmp(opt.mode, "cudefer") == 0 && !gpu.cudefer)
+    bool wants_shim = strcmp(opt.mode, "cudefer") == 0 || strcmp(opt.mode, "keep") == 0;
+    if (wants_shim && !gpu.cudefer)
         gc_die("cudefer is not loaded in the child that should have it (LD_PRELOAD=%s)",
                getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
-    if (strcmp(opt.mode, "cudefer") != 0 && gpu.cudefer)
+    if (!wants_shim && gpu.cudefer)
         gc_die("cudefer is loaded in the child that should run without it");
 
     /* Over the test driver the image is not parsed; the functions are
@@ -986,8 +987,8 @@ static int child_main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!opt.mode || (strcmp(opt.mode, "none") != 0 && strcmp(opt.mode, "cudefer") != 0 &&
-                      strcmp(opt.mode, "pool") != 0))
-        gc_die("--mode none|cudefer|pool is required with --child");
+                      strcmp(opt.mode, "keep") != 0 && strcmp(opt.mode, "pool") != 0))
+        gc_die("--mode none|cudefer|keep|pool is required with --child");
     gpu_open();
     if (strcmp(opt.child, "stall") == 0)
         child_stall();
@@ -1009,11 +1010,19 @@ static int child_main(void)
 /* ======================================================================== */
 
 /* The children: the driver alone, with cudefer, and (loops only) the
- * driver's stream-ordered pool without cudefer. The stall, cost and live
- * sections run the first two (N_PAIR). */
-enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, N_MODES };
+ * driver's stream-ordered pool without cudefer, and cudefer with
+ * CUDEFER_KEEP at KEEP_BYTES, which keeps its blocks across the loop's
+ * synchronisations as the pool at its maximum release threshold does. The
+ * stall, cost and live sections run the first two (N_PAIR). */
+enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, N_MODES };
 #define N_PAIR 2
-static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool"};
+#define KEEP_BYTES "1T"
+static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep"};
+
+static bool mode_has_shim(int mode)
+{
+    return mode == MODE_CUDEFER || mode == MODE_KEEP;
+}
 
 struct job {
     char section[64]; /* the --child argument */
@@ -1179,7 +1188,7 @@ static void run_job(struct job *j)
     }
     char report[] = "/tmp/cudefer-loops-report-XXXXXX";
     int rfd = -1;
-    if (j->mode == MODE_CUDEFER) {
+    if (mode_has_shim(j->mode)) {
         rfd = mkstemp(report);
         if (rfd < 0)
             gc_die("mkstemp: %s", strerror(errno));
@@ -1202,7 +1211,7 @@ static void run_job(struct job *j)
         if (dup2(fds[1], STDOUT_FILENO) < 0)
             _exit(126);
         close(fds[1]);
-        if (j->mode == MODE_CUDEFER) {
+        if (mode_has_shim(j->mode)) {
             size_t n = strlen(shim_path) + strlen(preload) + 2;
             char *v = malloc(n);
             if (!v)
@@ -1210,6 +1219,10 @@ static void run_job(struct job *j)
             snprintf(v, n, "%s%s%s", shim_path, *preload ? " " : "", preload);
             setenv("LD_PRELOAD", v, 1);
             setenv("CUDEFER_REPORT", report, 1);
+            if (j->mode == MODE_KEEP)
+                setenv("CUDEFER_KEEP", KEEP_BYTES, 1);
+            else
+                unsetenv("CUDEFER_KEEP");
         } else {
             if (*preload)
                 setenv("LD_PRELOAD", preload, 1);
@@ -1288,7 +1301,7 @@ static void run_job(struct job *j)
     if (!j->ok)
         any_failure = true;
 
-    if (j->mode == MODE_CUDEFER) {
+    if (mode_has_shim(j->mode)) {
         j->report = read_file(report);
         unlink(report);
         if (log_file)
@@ -1650,7 +1663,9 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
                "1,056 blocks of 256 threads, grid-stride beyond) on a non-blocking stream. ");
     printf("µs per iteration, median of %d runs (min–max), the cuCtxSynchronize after the loop "
            "included. \"driver\": the plain calls without cudefer; \"cudefer\": the same "
-           "program with cudefer; \"pool\": the driver's stream-ordered pool without cudefer "
+           "program with cudefer; \"keep\": cudefer with CUDEFER_KEEP=" KEEP_BYTES ", which "
+           "keeps its blocks across the synchronisations between runs as the pool does; "
+           "\"pool\": the driver's stream-ordered pool without cudefer "
            "(cuMemAllocAsync / cuMemAllocFromPoolAsync and cuMemFreeAsync on the loop's "
            "stream, release threshold at the maximum). \"held\": memory kept at the peak over "
            "the child (warm-up and all runs) — the driver holds 0 after each free; cudefer: "
@@ -1659,21 +1674,31 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
            "the pool at 4 KiB and 1.5× at 64 MiB; registrations (no pool) never slower than "
            "the driver.\n\n",
            opt.runs);
-    printf("| loop | iterations | driver µs | held | cudefer µs | held | pool µs | held (used / "
-           "reserved high) | cudefer / pool | cudefer / driver | goal | met |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| loop | iterations | driver µs | held | cudefer µs | held | keep µs | held | pool µs "
+           "| held (used / reserved high) | cudefer / pool | keep / pool | cudefer / driver "
+           "| goal | met | met with keep |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
         const struct loop_row *r = &loop_rows[i];
         struct job *none = &jobs[i][t][MODE_NONE], *cd = &jobs[i][t][MODE_CUDEFER];
-        struct job *pl = &jobs[i][t][MODE_POOL];
+        struct job *pl = &jobs[i][t][MODE_POOL], *kp = &jobs[i][t][MODE_KEEP];
         struct series tn = collect(none, "loop", "row", r->id, "us_per_iter");
         struct series tc = collect(cd, "loop", "row", r->id, "us_per_iter");
         struct series tp = collect(pl, "loop", "row", r->id, "us_per_iter");
-        char a[160], b[160], c[160], held_c[32], held_p[80], rp[32], rd[32], goal[48];
-        const char *met = "–";
+        struct series tk = collect(kp, "loop", "row", r->id, "us_per_iter");
+        char a[160], b[160], c[160], k[160], held_c[32], held_k[32], held_p[80], rp[32], rk[32],
+            rd[32], goal[48];
+        const char *met = "–", *met_k = "–";
         fmt_cell(a, sizeof a, tn);
         fmt_cell(b, sizeof b, tc);
         fmt_bytes(held_c, sizeof held_c, cd->ran ? cudefer_held(cd) : -1);
+        if (kp->ran) {
+            fmt_cell(k, sizeof k, tk);
+            fmt_bytes(held_k, sizeof held_k, cudefer_held(kp));
+        } else {
+            snprintf(k, sizeof k, "–");
+            snprintf(held_k, sizeof held_k, "–");
+        }
         bool na = first_line(pl, "loop_na") != NULL;
         if (!row_has_pool(r)) {
             snprintf(c, sizeof c, "no pool");
@@ -1694,9 +1719,10 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             snprintf(held_p, sizeof held_p, "%s / %s", u, v);
         }
         fmt_ratio(rp, sizeof rp, tc, tp);
+        fmt_ratio(rk, sizeof rk, tk, tp);
         fmt_ratio(rd, sizeof rd, tc, tn);
         double limit = row_goal(r);
-        double mc = median_of(tc), mn = median_of(tn), mp = median_of(tp);
+        double mc = median_of(tc), mn = median_of(tn), mp = median_of(tp), mk = median_of(tk);
         char measured[200], fc[32], fn[32], fp[32];
         fmt_num(fc, sizeof fc, mc);
         fmt_num(fn, sizeof fn, mn);
@@ -1717,6 +1743,14 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             } else if (na) {
                 met = "no pool";
             }
+            if (mk > 0 && mp > 0) {
+                char fk[32], mk_text[200];
+                met_k = mk <= limit * mp ? "met" : "NOT met";
+                fmt_num(fk, sizeof fk, mk);
+                snprintf(mk_text, sizeof mk_text, "%.2f× the pool (%s vs %s µs)", mk / mp, fk, fp);
+                add_goal(met_k, mk_text, "loops, %s touch, %s: cudefer with CUDEFER_KEEP %s",
+                         touch_names[t], r->label, goal);
+            }
         }
         if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
             add_goal(met, measured, "loops, %s touch, %s: cudefer %s", touch_names[t],
@@ -1724,9 +1758,11 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
         else
             add_goal("not measured", na ? "the pool could not be made" : "–",
                      "loops, %s touch, %s: cudefer %s", touch_names[t], r->label, goal);
-        printf("| %s: %s%s%s%s | %d | %s | 0 | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        printf("| %s: %s%s%s%s%s | %d | %s | 0 | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
+               "| %s | %s |\n",
                r->label, r->calls, mode_status(none), mode_status(cd), mode_status(pl),
-               row_iters(r, t), a, b, held_c, c, held_p, rp, rd, goal, met);
+               mode_status(kp), row_iters(r, t), a, b, held_c, k, held_k, c, held_p, rp,
+               kp->ran ? rk : "–", rd, goal, met, met_k);
     }
 
     /* What the pools were, and why some are missing. */
@@ -1748,12 +1784,12 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
     /* Details: cudefer's counters and the sampled device memory. */
     printf("\nDetails (cudefer's counters over the child; device memory in use at the sampled "
            "peak, cuMemGetInfo %d times a run, above the level before the loop, largest over "
-           "the runs: driver / cudefer / pool):\n\n",
+           "the runs: driver / cudefer / pool / keep):\n\n",
            MEM_SAMPLES);
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
         const struct loop_row *r = &loop_rows[i];
         struct job *cd = &jobs[i][t][MODE_CUDEFER];
-        char flushes[256], mem[3][32];
+        char flushes[256], mem[N_MODES][32];
         double reused = report_object(cd->report, "reused", NULL, 0);
         if (report_object(cd->report, "flushes", flushes, sizeof flushes) < 0)
             snprintf(flushes, sizeof flushes, "-");
@@ -1767,8 +1803,9 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
         char reused_s[32] = "-";
         if (reused >= 0)
             snprintf(reused_s, sizeof reused_s, "%.0f", reused);
-        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s\n",
-               r->id, reused_s, flushes, mem[0], mem[1], mem[2]);
+        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s / %s\n",
+               r->id, reused_s, flushes, mem[MODE_NONE], mem[MODE_CUDEFER], mem[MODE_POOL],
+               mem[MODE_KEEP]);
     }
     for (size_t i = 0; i < N_LOOP_ROWS; i++)
         for (int m = 0; m < N_MODES; m++)
@@ -2125,7 +2162,7 @@ int main(int argc, char **argv)
     parent_start_ms = t_start;
     fprintf(stderr, "cudefer-loops: shim %s; %d run(s) per figure%s%s\n", shim_path, opt.runs,
             opt.quick ? "; quick" : "", opt.smoke ? "; smoke" : "");
-    const struct job *info[N_MODES] = {NULL, NULL, NULL};
+    const struct job *info[N_MODES] = {NULL, NULL, NULL, NULL};
     double secs[4] = {0, 0, 0, 0};
     if (want_stall) {
         double t0 = gc_now_ms();
@@ -2143,7 +2180,7 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < N_LOOP_ROWS; i++)
                 for (int m = 0; m < N_MODES; m++) {
                     struct job *j = &loops[i][t][m];
-                    if (m == MODE_POOL && !row_has_pool(&loop_rows[i]))
+                    if ((m == MODE_POOL || m == MODE_KEEP) && !row_has_pool(&loop_rows[i]))
                         continue;
                     run_job(j);
                     if (!first_line(j, "loop_na"))

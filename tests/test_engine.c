@@ -939,6 +939,95 @@ Test(reuse, off_with_the_kind, .timeout = 10)
     CU_OK(cuMemFreeHost(b));
 }
 
+/* ---- CUDEFER_KEEP: blocks kept for reuse across a synchronisation -------- */
+
+/* With CUDEFER_KEEP=3M, a synchronisation releases everything but the three
+ * newest 1 MiB blocks whose last use has finished; they serve the next
+ * allocations with no driver call. What a reuse cannot take (a registration,
+ * a module) and the older blocks go back as before. */
+static void kept_across_a_synchronisation(enum what what)
+{
+    setenv("CUDEFER_KEEP", "3M", 1);
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    enum testdrv_kind kind = what == MANAGED ? TESTDRV_MANAGED
+                             : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
+    const char *call = what == MANAGED ? "cuMemAllocManaged"
+                       : what == DEVICE ? "cuMemAlloc_v2" : "cuMemAllocHost_v2";
+    bool dev = what != HOST;
+    struct object o[5];
+    uintptr_t addr[5];
+    for (int i = 0; i < 5; i++) {
+        o[i] = make(what);
+        addr[i] = dev ? (uintptr_t)o[i].dptr : (uintptr_t)o[i].host;
+    }
+    struct object reg = make(REGISTERED), mod = make(MODULE);
+    CU_OK(testdrv_launch(s, 20000, (CUdeviceptr)addr[4], 4096, TESTDRV_WRITE));
+    for (int i = 0; i < 5; i++)
+        CU_OK(release(&o[i]));
+    CU_OK(release(&reg));
+    CU_OK(release(&mod));
+    CU_OK(cuCtxSynchronize());
+    for (int i = 0; i < 500 && testdrv_live(kind) > 3; i++)
+        usleep(1000); /* device blocks go back through frees the waiter settles */
+    cr_expect_eq(testdrv_live(kind), 3, "kept %llu blocks, want the 3 newest",
+                 (unsigned long long)testdrv_live(kind));
+    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 0, "the unregister was not made");
+    cr_expect_eq(testdrv_live(TESTDRV_MODULE), 0, "the unload was not made");
+
+    /* The kept blocks are the newest three, handed out without the driver. */
+    uint64_t calls = testdrv_calls(call);
+    bool seen[5] = {false};
+    for (int i = 0; i < 3; i++) {
+        struct object n = make(what);
+        uintptr_t a = dev ? (uintptr_t)n.dptr : (uintptr_t)n.host;
+        for (int j = 0; j < 5; j++)
+            seen[j] |= a == addr[j];
+        o[i] = n;
+    }
+    cr_expect_eq(testdrv_calls(call), calls, "a kept block was not reused");
+    cr_expect(seen[2] && seen[3] && seen[4] && !seen[0] && !seen[1],
+              "the kept blocks are not the newest three");
+
+    /* cudefer_flush() takes everything back, kept blocks included. */
+    for (int i = 0; i < 3; i++)
+        CU_OK(release(&o[i]));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(kind), 3);
+    cr_expect_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_live(kind), 0, "cudefer_flush() left kept blocks");
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(keep, device_across_a_synchronisation, .timeout = 10)
+{
+    kept_across_a_synchronisation(DEVICE);
+}
+Test(keep, pinned_across_a_synchronisation, .timeout = 10)
+{
+    kept_across_a_synchronisation(HOST);
+}
+Test(keep, managed_across_a_synchronisation, .timeout = 10)
+{
+    kept_across_a_synchronisation(MANAGED);
+}
+
+/* An allocation that runs short of memory takes kept blocks back. */
+Test(keep, taken_back_when_memory_runs_short, .timeout = 10)
+{
+    setenv("CUDEFER_KEEP", "1G", 1);
+    setenv("TESTDRIVER_HOST_BYTES", "67108864", 1);
+    test_context();
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 48 << 20));
+    CU_OK(cuMemFreeHost(h));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the block was not kept");
+    CU_OK(cuMemAllocHost(&h, 40 << 20));
+    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the kept block was not taken back");
+    CU_OK(cuMemFreeHost(h));
+}
+
 /* ---- a kernel fault while releases are queued ---------------------------- */
 
 /* Runs scenario() in a child process with CUDEFER_REPORT set, and puts the

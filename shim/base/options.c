@@ -39,6 +39,8 @@ static const struct cd_option_desc table[CD_OPT_COUNT] = {
         "Released device memory that a context keeps to serve allocations of the same size; beyond it the oldest goes back through cuMemFreeAsync, without waiting. 0 sends every block back at once.", NULL},
     [CD_OPT_REUSE_WAIT] = {"REUSE_WAIT", CD_TYPE_BOOL, "1",
         "An allocation may wait for a released block of its size to finish its last use instead of allocating anew, for at most what an allocation of that kind and size was measured to take; 0 never waits.", NULL},
+    [CD_OPT_KEEP] = {"KEEP", CD_TYPE_SIZE, "0",
+        "Released device, managed and pinned memory that a context keeps for reuse across cuCtxSynchronize (the newest blocks whose last use has finished, up to this many bytes), as a stream-ordered pool's release threshold does; 0 gives everything back at each synchronisation. cudefer_flush(), an allocation that runs short of memory and the context's teardown still take it all back.", NULL},
     [CD_OPT_LOG] = {"LOG", CD_TYPE_LEVEL, "error",
         "Log level on stderr: off, error, info (flushes, waits, teardown, options at start) or debug (every door and release).", NULL},
     [CD_OPT_STATS] = {"STATS", CD_TYPE_BOOL, "0",

@@ -205,14 +205,33 @@ static size_t take_while(struct cd_ctx *c, struct cd_link *out,
 static int want_kinds(struct cd_ctx *c, struct cd_record *r, void *arg)
 {
     (void)c;
+    if (r->kept) {
+        r->kept = false;
+        return 0;
+    }
     return !r->claimed && (*(unsigned *)arg & (1u << r->kind));
 }
 
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, struct cd_link *out)
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long long *kept,
+                         struct cd_link *out)
 {
+    long long left = keep;
     pthread_mutex_lock(&c->lock);
+    /* Newest first: the sizes the program released last are the likeliest
+     * to be asked for again. Only blocks a reuse could take (in a bin,
+     * fenced) are kept; the flush leaves them where they are. */
+    for (struct cd_link *e = c->deferred.prev; e != &c->deferred && left > 0; e = e->prev) {
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        if (r->done && !r->claimed && cd_linked(&r->bin) && (long long)r->bytes <= left &&
+            (mask & (1u << r->kind))) {
+            r->kept = true;
+            left -= (long long)r->bytes;
+        }
+    }
     size_t n = take_while(c, out, want_kinds, &mask);
     pthread_mutex_unlock(&c->lock);
+    if (kept)
+        *kept = keep - left;
     return n;
 }
 

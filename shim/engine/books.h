@@ -26,8 +26,12 @@ bool cd_books_room(struct cd_ctx *c, const struct cd_record *r);
 void cd_books_take(struct cd_ctx *c, struct cd_record *r);
 
 /* Takes every entry whose kind is in mask and that no reuse claims off c's
- * books, oldest first, onto out (by their age links). Returns how many. */
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, struct cd_link *out);
+ * books, oldest first, onto out (by their age links), except the newest
+ * fenced reusable blocks whose sizes add up to at most keep bytes, which
+ * stay for reuse (*kept: their bytes; kept may be NULL). Returns how many
+ * it took. */
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long long *kept,
+                         struct cd_link *out);
 
 /* Whether c's cache of device blocks holds more than bytes or blocks. */
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);

@@ -114,11 +114,13 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
     cd_registry_end(r, CD_GONE);
 }
 
-/* Releases c's entries of the kinds in mask: device blocks through
- * cuMemFreeAsync behind their fence, the others with the driver's release.
- * With settle, WAITS until c's frees in flight have given the memory back.
- * Returns whether there was anything to do. MAY WAIT. */
-static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle)
+/* Releases c's entries of the kinds in mask, but for the newest reusable
+ * blocks of up to keep bytes: device blocks through cuMemFreeAsync behind
+ * their fence, the others with the driver's release. With settle, WAITS
+ * until c's frees in flight have given the memory back. Returns whether
+ * there was anything to do. MAY WAIT. */
+static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle,
+                          long long keep)
 {
     struct cd_link list, device;
     cd_list_init(&list);
@@ -128,7 +130,8 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     /* Counted before the entries leave the books: an out-of-memory answer
      * in another thread sees either the entries or this flush. */
     releasing_add(1);
-    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, &list);
+    long long kept = 0;
+    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, keep, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
     releasing_add((long long)n);
     if (!n && !frees) {
@@ -176,7 +179,8 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         cd_waiter_settle(c, true);
     cd_range_pop();
     cd_log(CD_LOG_INFO, "flush (%s) of context %p: %zu entries, %d released with the driver's "
-           "calls", cd_flush_reason_name(why), (void *)atomic_load(&c->handle), n, released);
+           "calls, %lld bytes kept for reuse", cd_flush_reason_name(why),
+           (void *)atomic_load(&c->handle), n, released, kept);
     return true;
 }
 
@@ -191,7 +195,7 @@ static void flush_each(struct cd_ctx *c, void *arg)
 {
     struct flush_all *f = arg;
     cd_ctx_warm_up(c);
-    f->any |= flush_context(c, f->why, f->mask, f->settle);
+    f->any |= flush_context(c, f->why, f->mask, f->settle, 0);
 }
 
 static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle)
@@ -230,10 +234,11 @@ void cd_context_synchronized(CUcontext ctx)
     unsigned gen;
     if (!c || !cd_ctx_enter_any(c, &gen))
         return;
-    /* Everything: device blocks through cuMemFreeAsync (the waiter settles
-     * them), the rest with the driver's releases. */
+    /* Everything but the blocks CUDEFER_KEEP leaves for reuse: device
+     * blocks through cuMemFreeAsync (the waiter settles them), the rest
+     * with the driver's releases. */
     cd_ctx_warm_up(c);
-    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false);
+    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false, cd_option_int(CD_OPT_KEEP));
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }

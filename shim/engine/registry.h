@@ -49,6 +49,7 @@ struct cd_record {
     bool claimed;                /* a reuse is looking at it (context lock) */
     bool exported;               /* an IPC handle exists: never reused */
     bool pending;                /* a registration whose range is pending (books.c) */
+    bool kept;                   /* a flush leaves it for reuse (books.c, context lock) */
 };
 
 enum cd_retire_result {
