@@ -1204,6 +1204,39 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
 }
 
+/* The count of cached blocks: 256 at the default limit, one a MiB of a
+ * larger CUDEFER_DEVICE_CACHE (a model's many activations of a few MiB each
+ * must not be bounded by their count instead). */
+static uint64_t cached_after_releasing(int n)
+{
+    test_context();
+    CUdeviceptr *p = calloc((size_t)n, sizeof *p);
+    cr_assert_not_null(p);
+    for (int i = 0; i < n; i++)
+        CU_OK(cuMemAlloc(&p[i], 4096));
+    for (int i = 0; i < n; i++)
+        CU_OK(cuMemFree(p[i]));
+    free(p);
+    usleep(50000);
+    return testdrv_live(TESTDRV_DEVICE);
+}
+
+Test(reuse, device_cache_count_at_the_default, .timeout = 10)
+{
+    uint64_t live = cached_after_releasing(400);
+    cr_expect_leq(live, 256, "kept %llu blocks, more than 256", (unsigned long long)live);
+    cr_expect_geq(live, 192, "kept %llu blocks: evicted below three quarters",
+                  (unsigned long long)live);
+}
+
+Test(reuse, device_cache_count_grows_with_its_bytes, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "1G", 1);
+    uint64_t live = cached_after_releasing(400);
+    cr_expect_eq(live, 400, "kept %llu of 400 blocks under a 1 GiB cache",
+                 (unsigned long long)live);
+}
+
 /* The same eviction while kernels still write the blocks: the stream-ordered
  * frees wait for them on the GPU (with one context known the fence is the
  * context's record, which the private stream does not wait for by itself),

@@ -111,14 +111,15 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
 void cd_retire_evict(struct cd_ctx *c)
 {
     long long limit = cd_option_int(CD_OPT_DEVICE_CACHE);
-    if (!cd_books_over_cache(c, limit, CD_CACHE_BLOCKS) || !cd_gate_enter())
+    long long blocks = limit >> 20 > CD_CACHE_BLOCKS ? limit >> 20 : CD_CACHE_BLOCKS;
+    if (!cd_books_over_cache(c, limit, blocks) || !cd_gate_enter())
         return;
     struct cd_link list;
     cd_list_init(&list);
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     /* Down to three quarters, so that one walk serves many releases. */
-    if (cd_books_take_over_cache(c, limit / 4 * 3, CD_CACHE_BLOCKS / 4 * 3, &list))
+    if (cd_books_take_over_cache(c, limit / 4 * 3, blocks / 4 * 3, &list))
         cd_retire_free(c, c->priv, &list);
     cd_scope_leave(&sc);
     cd_gate_exit();

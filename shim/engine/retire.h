@@ -5,7 +5,8 @@
 #include "contexts.h"
 
 /* Device blocks kept per context at most, whatever their bytes: a bound on
- * the books' length. */
+ * the books' length, one a MiB of CUDEFER_DEVICE_CACHE beyond 256 MiB (so
+ * that a larger cache is not bounded by its count of blocks instead). */
 #define CD_CACHE_BLOCKS 256
 
 /* Fences the entries deferred unfenced while captures were live, once none
@@ -20,7 +21,7 @@ void cd_retire_backlog(void);
 void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records);
 
 /* Sends c's oldest fenced device blocks to cuMemFreeAsync until the cache is
- * within three quarters of CUDEFER_DEVICE_CACHE and CD_CACHE_BLOCKS.
+ * within three quarters of CUDEFER_DEVICE_CACHE and its count of blocks.
  * Called with c entered. Does not wait. */
 void cd_retire_evict(struct cd_ctx *c);
 
