@@ -651,11 +651,14 @@ static void child_loop(const char *spec)
     CUstream s;
     GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
-    /* Warm-up: a twentieth of a run, at least two iterations. */
+    /* Warm-up: a twentieth of a run, at least two iterations. Between runs
+     * the context is synchronised as a program would, not flushed: cudefer
+     * then keeps across it what CUDEFER_KEEP says, as the pool keeps what
+     * its release threshold says. */
     int warm = iters / 20 > 2 ? iters / 20 : 2;
     for (int i = 0; i < warm; i++)
         loop_once(r, t, s, reg, pool);
-    gpu_settle();
+    GC_CHECK(cuCtxSynchronize());
 
     printf("R loop_setup row=%s touch=%s iters=%d bytes=%zu touch_bytes=%llu mem_every=%d "
            "warm=%d\n",
@@ -667,7 +670,7 @@ static void child_loop(const char *spec)
         printf("R loop_pool_setup row=%s touch=%s how=%s\n", r->id, touch_names[t], note);
     }
     for (int run = 1; run <= opt.runs; run++) {
-        gpu_settle();
+        GC_CHECK(cuCtxSynchronize());
         size_t base = mem_used(), peak = base;
         double t0 = gc_now_ms();
         for (int i = 0; i < iters; i++) {

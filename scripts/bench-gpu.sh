@@ -51,7 +51,8 @@
 #
 # Environment: OUT, CUDA_PATH (default /usr/local/cuda), BENCH_BUDGET_S,
 # BENCH_LOOPS_MAX_S (cudefer-loops' share, default 200), BENCH_BIG_CACHE (the
-# CUDEFER_DEVICE_CACHE of the transformer's second cudefer run, default 8G), BENCH_EXTRA,
+# CUDEFER_DEVICE_CACHE of the transformer's second cudefer run, default 8G),
+# BENCH_PROGRAMS=0 (cudefer-loops alone, no real programs), BENCH_EXTRA,
 # GPU_BUILD_DIR (the build folder, default build-bench),
 # BENCH_DRIVER_DIR (only to try this script without a GPU: a folder holding
 # the project's test libcuda.so.1; then pass --smoke).
@@ -482,7 +483,7 @@ environment() {
 environment | tee "$WORK/env.md"
 build
 run_loops
-run_programs
+[ "${BENCH_PROGRAMS:-1}" = 0 ] || run_programs
 
 {
     cat "$WORK/env.md"
