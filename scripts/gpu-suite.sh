@@ -15,7 +15,8 @@
 # cudefer printed anything on stderr besides its statistics.
 #
 # Environment: OUT (default ./gpu-out/suite), SUITE_LIMIT_S (each run's
-# limit, default 240).
+# limit, default 240), SUITE_CUDEFER (CUDEFER_* settings, NAME=VALUE words,
+# for the run with cudefer).
 # Exit status: 0 when every test has the same outcome in both runs and
 # cudefer printed nothing else, 1 otherwise, 2 on bad use.
 set -u
@@ -55,7 +56,10 @@ run() {
 }
 ARGS=("$@")
 run without
-run with LD_PRELOAD="$SHIM" CUDEFER_STATS=1
+# SUITE_CUDEFER: more CUDEFER_* settings for the run with cudefer (words
+# NAME=VALUE), for example CUDEFER_KEEP=1G.
+read -r -a EXTRA <<<"${SUITE_CUDEFER:-}"
+run with LD_PRELOAD="$SHIM" CUDEFER_STATS=1 "${EXTRA[@]}"
 
 python3 - "$OUT_DIR" <<'EOF'
 import re, sys
