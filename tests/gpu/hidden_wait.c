@@ -19,6 +19,14 @@
  *                   device cache); then cuMemAlloc(48 MiB), another size
  *   second-context  as pinned in the primary context; then cuMemAlloc(1 MiB)
  *                   in a second context (cuCtxCreate'd before the kernel)
+ *   other-context-sync
+ *                   the flag kernel runs in a second context; the primary
+ *                   context, idle, releases a 1 MiB device block, and the
+ *                   measured call is its cuCtxSynchronize (alloc_ms is that
+ *                   call's time): the driver's waits for the primary
+ *                   context's work only, and cudefer's fence of the release
+ *                   (which covers every context it knows) must not make it
+ *                   wait for the other context's kernel
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
@@ -73,21 +81,70 @@ static CUcontext second_context(void)
     return ctx;
 }
 
+/* The other-context-sync case: the flag kernel, its flag and its stream
+ * are the second context's. */
+static int other_context_sync(CUcontext ctx2)
+{
+    CUcontext popped;
+    struct gc_kernels k2;
+    CUstream s2;
+    GC_CHECK(cuCtxPushCurrent(ctx2));
+    gc_load_kernels(&k2);
+    GC_CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    gc_flag_init(&flag);
+    GC_CHECK(gc_wait_flag(&k2, s2, flag.dev));
+    gc_sleep_ms(20);
+    bool waiting = cuStreamQuery(s2) == CUDA_ERROR_NOT_READY;
+    GC_CHECK(cuCtxPopCurrent(&popped));
+
+    /* The primary context releases a block while the other kernel runs. */
+    CUdeviceptr p;
+    GC_CHECK(cuMemAlloc(&p, GC_MIB));
+    GC_CHECK(cuMemFree(p));
+    gc_flag_arm(&flag, WATCHDOG_MS);
+    double t0 = gc_now_ms();
+    CUresult rc = cuCtxSynchronize();
+    double sync_ms = gc_now_ms() - t0;
+    gc_flag_set(&flag);
+    bool fired = gc_flag_disarm(&flag);
+
+    GC_CHECK(cuCtxPushCurrent(ctx2));
+    CUresult sync = cuCtxSynchronize();
+    printf("RESULT hidden_wait case=other-context-sync alloc_rc=%s alloc_ms=%.4f "
+           "kernel_waiting=%d watchdog_fired=%d sync_rc=%s cudefer=%d simulated=%d\n",
+           gc_rc(rc), sync_ms, (int)waiting, (int)fired, gc_rc(sync), gc_cudefer_loaded(),
+           gc_test_driver());
+    fflush(stdout);
+    if (sync != CUDA_SUCCESS)
+        return 0;
+    gc_flag_free(&flag);
+    GC_CHECK(cuStreamDestroy(s2));
+    GC_CHECK(cuModuleUnload(k2.module));
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    GC_CHECK(cuCtxDestroy(ctx2));
+    GC_CHECK(cuStreamDestroy(stream));
+    GC_CHECK(cuModuleUnload(kernels.module));
+    gc_fini();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
-        gc_die("usage: hidden_wait <pinned|device-cache|second-context>");
+        gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync>");
     const char *name = argv[1];
     bool pinned = strcmp(name, "pinned") == 0;
     bool cache = strcmp(name, "device-cache") == 0;
     bool other = strcmp(name, "second-context") == 0;
-    if (!pinned && !cache && !other)
+    bool xsync = strcmp(name, "other-context-sync") == 0;
+    if (!pinned && !cache && !other && !xsync)
         gc_die("unknown case '%s'", name);
 
     gc_init();
     gc_load_kernels(&kernels);
     GC_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    gc_flag_init(&flag);
+    if (!xsync)
+        gc_flag_init(&flag);
     /* Warm-up: the first launch on the stream, a first allocation. */
     CUdeviceptr warm;
     GC_CHECK(cuMemAlloc(&warm, GC_MIB));
@@ -96,11 +153,13 @@ int main(int argc, char **argv)
     GC_CHECK(cuMemFree(warm));
     GC_CHECK(cuCtxSynchronize());
 
-    CUcontext ctx2 = other ? second_context() : NULL;
+    CUcontext ctx2 = other || xsync ? second_context() : NULL;
     if (pinned || other)
         free_pinned_while_idle();
     if (cache)
         free_device_while_idle();
+    if (xsync)
+        return other_context_sync(ctx2);
 
     GC_CHECK(gc_wait_flag(&kernels, stream, flag.dev));
     gc_sleep_ms(20);
