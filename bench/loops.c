@@ -134,6 +134,30 @@ static struct {
     long live_max;      /* live: the largest N to reach (0: no limit) */
 } opt = {.runs = 5};
 
+/* The children: the driver alone, with cudefer, and (loops only) the
+ * driver's stream-ordered pool without cudefer, and cudefer with
+ * CUDEFER_KEEP at KEEP_BYTES, which keeps its blocks across the loop's
+ * synchronisations as the pool at its maximum release threshold does. The
+ * stall, cost and live sections run the first two (N_PAIR). */
+enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, N_MODES };
+#define N_PAIR 2
+#define KEEP_BYTES "1T"
+static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep"};
+
+static bool mode_has_shim(int mode)
+{
+    return mode == MODE_CUDEFER || mode == MODE_KEEP;
+}
+
+/* The mode named name, or -1. */
+static int mode_of(const char *name)
+{
+    for (int m = 0; name && m < N_MODES; m++)
+        if (strcmp(name, mode_names[m]) == 0)
+            return m;
+    return -1;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -236,7 +260,7 @@ static void gpu_open(void)
     *(void **)&gpu.flush = dlsym(RTLD_DEFAULT, "cudefer_flush");
     gpu.cudefer = cudefer_version ? cudefer_version() : NULL;
 
-    bool wants_shim = strcmp(opt.mode, "cudefer") == 0 || strcmp(opt.mode, "keep") == 0;
+    bool wants_shim = mode_has_shim(mode_of(opt.mode));
     if (wants_shim && !gpu.cudefer)
         gc_die("cudefer is not loaded in the child that should have it (LD_PRELOAD=%s)",
                getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
@@ -635,7 +659,7 @@ static void child_loop(const char *spec)
         gc_die("no touch %s", colon + 1);
 
     struct loop_pool pool_state, *pool = NULL;
-    if (strcmp(opt.mode, "pool") == 0) {
+    if (mode_of(opt.mode) == MODE_POOL) {
         if (!loop_pool_open(r, &pool_state)) {
             char note[200];
             note_token(note, sizeof note, pool_state.note);
@@ -989,8 +1013,7 @@ static void child_live(void)
 static int child_main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!opt.mode || (strcmp(opt.mode, "none") != 0 && strcmp(opt.mode, "cudefer") != 0 &&
-                      strcmp(opt.mode, "keep") != 0 && strcmp(opt.mode, "pool") != 0))
+    if (mode_of(opt.mode) < 0)
         gc_die("--mode none|cudefer|keep|pool is required with --child");
     gpu_open();
     if (strcmp(opt.child, "stall") == 0)
@@ -1011,21 +1034,6 @@ static int child_main(void)
 /* ======================================================================== */
 /* Parent: runs the children, prints the tables                            */
 /* ======================================================================== */
-
-/* The children: the driver alone, with cudefer, and (loops only) the
- * driver's stream-ordered pool without cudefer, and cudefer with
- * CUDEFER_KEEP at KEEP_BYTES, which keeps its blocks across the loop's
- * synchronisations as the pool at its maximum release threshold does. The
- * stall, cost and live sections run the first two (N_PAIR). */
-enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, N_MODES };
-#define N_PAIR 2
-#define KEEP_BYTES "1T"
-static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep"};
-
-static bool mode_has_shim(int mode)
-{
-    return mode == MODE_CUDEFER || mode == MODE_KEEP;
-}
 
 struct job {
     char section[64]; /* the --child argument */
@@ -1653,6 +1661,19 @@ static double cudefer_held(const struct job *cd)
     return deferred + (cached > 0 ? cached : 0);
 }
 
+/* The verdict of a loop that took us against ref_us of the one it is
+ * compared with (whom: "the pool", "the driver"), limit times at most, and
+ * the measured text ("1.23× the pool (x vs y µs)"). */
+static const char *against(double us, double ref_us, double limit, const char *whom, char *text,
+                           size_t size)
+{
+    char a[32], b[32];
+    fmt_num(a, sizeof a, us);
+    fmt_num(b, sizeof b, ref_us);
+    snprintf(text, size, "%.2f× %s (%s vs %s µs)", us / ref_us, whom, a, b);
+    return us <= limit * ref_us ? "met" : "NOT met";
+}
+
 static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
 {
     printf("\n### Loops, %s touch: allocate, touch with a kernel, release, no synchronisation "
@@ -1726,31 +1747,20 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
         fmt_ratio(rd, sizeof rd, tc, tn);
         double limit = row_goal(r);
         double mc = median_of(tc), mn = median_of(tn), mp = median_of(tp), mk = median_of(tk);
-        char measured[200], fc[32], fn[32], fp[32];
-        fmt_num(fc, sizeof fc, mc);
-        fmt_num(fn, sizeof fn, mn);
-        fmt_num(fp, sizeof fp, mp);
+        char measured[200];
         if (!row_has_pool(r)) {
             snprintf(goal, sizeof goal, "≤ 1.00× driver");
-            if (mc > 0 && mn > 0) {
-                met = mc <= mn ? "met" : "NOT met";
-                snprintf(measured, sizeof measured, "%.2f× the driver (%s vs %s µs)", mc / mn,
-                         fc, fn);
-            }
+            if (mc > 0 && mn > 0)
+                met = against(mc, mn, 1.0, "the driver", measured, sizeof measured);
         } else {
             snprintf(goal, sizeof goal, "≤ %.1f× pool", limit);
-            if (mc > 0 && mp > 0) {
-                met = mc <= limit * mp ? "met" : "NOT met";
-                snprintf(measured, sizeof measured, "%.2f× the pool (%s vs %s µs)", mc / mp, fc,
-                         fp);
-            } else if (na) {
+            if (mc > 0 && mp > 0)
+                met = against(mc, mp, limit, "the pool", measured, sizeof measured);
+            else if (na)
                 met = "no pool";
-            }
             if (mk > 0 && mp > 0) {
-                char fk[32], mk_text[200];
-                met_k = mk <= limit * mp ? "met" : "NOT met";
-                fmt_num(fk, sizeof fk, mk);
-                snprintf(mk_text, sizeof mk_text, "%.2f× the pool (%s vs %s µs)", mk / mp, fk, fp);
+                char mk_text[200];
+                met_k = against(mk, mp, limit, "the pool", mk_text, sizeof mk_text);
                 add_goal(met_k, mk_text, "loops, %s touch, %s: cudefer with CUDEFER_KEEP %s",
                          touch_names[t], r->label, goal);
             }

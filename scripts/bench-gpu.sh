@@ -306,7 +306,8 @@ def ratio(a, b):
     return f"{a / b:.2f}×" if a is not None and b else "-"
 
 
-# prog, label, selector, value key, hash key, goal: (kind, limit, text) or None
+# prog, label, selector, value key, hash key, goal: (kind, limit, text) or None,
+# and optionally the variant with cudefer (else the third of variants[prog])
 BIG_CACHE = sys.argv[3]
 rows = [
     ("mlp", "PyTorch MLP training step (mlp.py), µs", {}, "us_per_step", "loss_sha256",

@@ -862,17 +862,34 @@ Test(threads, sixteen_threads_release_concurrently, .timeout = 60)
 
 /* ---- reuse of released blocks -------------------------------------------- */
 
+/* For the reusable kinds (DEVICE, MANAGED, HOST): the allocating call the
+ * test driver counts, the kind it counts live blocks of, and a block's
+ * address. */
+static const char *alloc_call(enum what what)
+{
+    return what == MANAGED ? "cuMemAllocManaged"
+           : what == DEVICE ? "cuMemAlloc_v2" : "cuMemAllocHost_v2";
+}
+
+static enum testdrv_kind live_kind(enum what what)
+{
+    return what == MANAGED ? TESTDRV_MANAGED : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
+}
+
+static uintptr_t address_of(const struct object *o)
+{
+    return o->what == MANAGED || o->what == DEVICE ? (uintptr_t)o->dptr : (uintptr_t)o->host;
+}
+
 /* A released block is handed out again only once no kernel submitted before
  * its release can still run, and only for the same size and flags. */
 static void reuse_after_fence(enum what what)
 {
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    const char *call = what == MANAGED ? "cuMemAllocManaged"
-                       : what == DEVICE ? "cuMemAlloc_v2" : "cuMemAllocHost_v2";
-    bool dev = what == MANAGED || what == DEVICE;
+    const char *call = alloc_call(what);
     struct object first = make(what);
-    uintptr_t addr = dev ? (uintptr_t)first.dptr : (uintptr_t)first.host;
+    uintptr_t addr = address_of(&first);
     CU_OK(testdrv_launch(s, 100000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE));
     CU_OK(release(&first));
 
@@ -880,7 +897,7 @@ static void reuse_after_fence(enum what what)
      * fewer blocks than a reuse waits for). */
     uint64_t calls = testdrv_calls(call);
     struct object second = make(what);
-    uintptr_t addr2 = dev ? (uintptr_t)second.dptr : (uintptr_t)second.host;
+    uintptr_t addr2 = address_of(&second);
     cr_expect_neq(addr2, addr, "a block was reused while a kernel could still write it");
     cr_expect_eq(testdrv_calls(call), calls + 1);
 
@@ -889,15 +906,14 @@ static void reuse_after_fence(enum what what)
     usleep(50000);
     calls = testdrv_calls(call);
     struct object third = make(what);
-    uintptr_t addr3 = dev ? (uintptr_t)third.dptr : (uintptr_t)third.host;
+    uintptr_t addr3 = address_of(&third);
     cr_expect_eq(addr3, addr, "the fenced block was not reused");
     cr_expect_eq(testdrv_calls(call), calls, "reuse must not call the driver");
     /* It is the program's again: a second release is not a double free. */
     cr_expect_eq(release(&third), CUDA_SUCCESS);
     cr_expect_eq(release(&second), CUDA_SUCCESS);
     CU_OK(cuCtxSynchronize());
-    enum testdrv_kind kind = what == MANAGED ? TESTDRV_MANAGED
-                             : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
+    enum testdrv_kind kind = live_kind(what);
     /* Device blocks go back through stream-ordered frees, which the waiter
      * settles. */
     for (int i = 0; i < 500 && testdrv_live(kind); i++)
@@ -950,16 +966,13 @@ static void kept_across_a_synchronisation(enum what what)
     setenv("CUDEFER_KEEP", "3M", 1);
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    enum testdrv_kind kind = what == MANAGED ? TESTDRV_MANAGED
-                             : what == DEVICE ? TESTDRV_DEVICE : TESTDRV_HOST;
-    const char *call = what == MANAGED ? "cuMemAllocManaged"
-                       : what == DEVICE ? "cuMemAlloc_v2" : "cuMemAllocHost_v2";
-    bool dev = what != HOST;
+    enum testdrv_kind kind = live_kind(what);
+    const char *call = alloc_call(what);
     struct object o[5];
     uintptr_t addr[5];
     for (int i = 0; i < 5; i++) {
         o[i] = make(what);
-        addr[i] = dev ? (uintptr_t)o[i].dptr : (uintptr_t)o[i].host;
+        addr[i] = address_of(&o[i]);
     }
     struct object reg = make(REGISTERED), mod = make(MODULE);
     CU_OK(testdrv_launch(s, 20000, (CUdeviceptr)addr[4], 4096, TESTDRV_WRITE));
@@ -980,7 +993,7 @@ static void kept_across_a_synchronisation(enum what what)
     bool seen[5] = {false};
     for (int i = 0; i < 3; i++) {
         struct object n = make(what);
-        uintptr_t a = dev ? (uintptr_t)n.dptr : (uintptr_t)n.host;
+        uintptr_t a = address_of(&n);
         for (int j = 0; j < 5; j++)
             seen[j] |= a == addr[j];
         o[i] = n;

@@ -81,6 +81,26 @@ static CUcontext second_context(void)
     return ctx;
 }
 
+/* Starts the flag kernel on s; whether it is still running 20 ms later
+ * (it waits for the flag). */
+static bool start_flag_kernel(const struct gc_kernels *k, CUstream s)
+{
+    GC_CHECK(gc_wait_flag(k, s, flag.dev));
+    gc_sleep_ms(20);
+    return cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
+}
+
+/* The case's RESULT line; ms is the measured call's time. */
+static void print_result(const char *name, CUresult rc, double ms, bool waiting, bool fired,
+                         CUresult sync)
+{
+    printf("RESULT hidden_wait case=%s alloc_rc=%s alloc_ms=%.4f kernel_waiting=%d", name,
+           gc_rc(rc), ms, (int)waiting);
+    printf(" watchdog_fired=%d sync_rc=%s cudefer=%d simulated=%d\n", (int)fired, gc_rc(sync),
+           gc_cudefer_loaded(), gc_test_driver());
+    fflush(stdout);
+}
+
 /* The other-context-sync case: the flag kernel, its flag and its stream
  * are the second context's. */
 static int other_context_sync(CUcontext ctx2)
@@ -92,9 +112,7 @@ static int other_context_sync(CUcontext ctx2)
     gc_load_kernels(&k2);
     GC_CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
     gc_flag_init(&flag);
-    GC_CHECK(gc_wait_flag(&k2, s2, flag.dev));
-    gc_sleep_ms(20);
-    bool waiting = cuStreamQuery(s2) == CUDA_ERROR_NOT_READY;
+    bool waiting = start_flag_kernel(&k2, s2);
     GC_CHECK(cuCtxPopCurrent(&popped));
 
     /* The primary context releases a block while the other kernel runs. */
@@ -110,11 +128,7 @@ static int other_context_sync(CUcontext ctx2)
 
     GC_CHECK(cuCtxPushCurrent(ctx2));
     CUresult sync = cuCtxSynchronize();
-    printf("RESULT hidden_wait case=other-context-sync alloc_rc=%s alloc_ms=%.4f "
-           "kernel_waiting=%d watchdog_fired=%d sync_rc=%s cudefer=%d simulated=%d\n",
-           gc_rc(rc), sync_ms, (int)waiting, (int)fired, gc_rc(sync), gc_cudefer_loaded(),
-           gc_test_driver());
-    fflush(stdout);
+    print_result("other-context-sync", rc, sync_ms, waiting, fired, sync);
     if (sync != CUDA_SUCCESS)
         return 0;
     gc_flag_free(&flag);
@@ -161,9 +175,7 @@ int main(int argc, char **argv)
     if (xsync)
         return other_context_sync(ctx2);
 
-    GC_CHECK(gc_wait_flag(&kernels, stream, flag.dev));
-    gc_sleep_ms(20);
-    bool waiting = cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+    bool waiting = start_flag_kernel(&kernels, stream);
     gc_flag_arm(&flag, WATCHDOG_MS);
     if (other)
         GC_CHECK(cuCtxPushCurrent(ctx2));
@@ -180,11 +192,7 @@ int main(int argc, char **argv)
         GC_CHECK(cuCtxPopCurrent(&popped));
     }
     CUresult sync = cuCtxSynchronize();
-    printf("RESULT hidden_wait case=%s alloc_rc=%s alloc_ms=%.4f kernel_waiting=%d", name,
-           gc_rc(rc), alloc_ms, (int)waiting);
-    printf(" watchdog_fired=%d sync_rc=%s cudefer=%d simulated=%d\n", (int)fired, gc_rc(sync),
-           gc_cudefer_loaded(), gc_test_driver());
-    fflush(stdout);
+    print_result(name, rc, alloc_ms, waiting, fired, sync);
     if (sync != CUDA_SUCCESS)
         return 0;
 
