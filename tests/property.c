@@ -63,7 +63,11 @@
  *    after the call began have been released by their flag: those kernels
  *    are work submitted after it, which it must not wait for, and an
  *    unregister that waited for them would return only after their flag;
- *  - allowed to wait: cuCtxSynchronize*, cudefer_flush, cuCtxDestroy*, the
+ *  - allowed to wait: cuCtxSynchronize* (for its own context's work only:
+ *    the test driver counts a synchronisation that had to wait for
+ *    unfinished work of another context, testdrv_thread_foreign_syncs, and
+ *    the program never makes one context's streams wait for another's),
+ *    cudefer_flush, cuCtxDestroy*, the
  *    last cuDevicePrimaryCtxRelease*, cuDevicePrimaryCtxReset*, an
  *    allocation that would otherwise fail for lack of memory (it fails with
  *    CUDA_ERROR_OUT_OF_MEMORY, or, at some moment while it ran, the memory
@@ -542,7 +546,7 @@ struct probe {
     bool blocked_only; /* the driver does this call at once: only blocking counts */
     char what[2 * HX_TEXT];
     int row;
-    uint64_t wait_calls, blocked_ns, t0;
+    uint64_t wait_calls, blocked_ns, foreign_syncs, t0;
     long epoch;
     unsigned long long waits_begun; /* waits_started at the beginning */
     bool waits_under_way;           /* a call allowed to wait ran at the beginning */
@@ -581,6 +585,7 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     p->epoch = atomic_load(&epoch_now);
     p->wait_calls = testdrv_thread_wait_calls();
     p->blocked_ns = testdrv_thread_blocked_ns();
+    p->foreign_syncs = testdrv_thread_foreign_syncs();
     p->t0 = hx_now_ns();
 }
 
@@ -592,7 +597,15 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
     uint64_t t1 = hx_now_ns();
     uint64_t dwait = testdrv_thread_wait_calls() - p->wait_calls;
     uint64_t dblocked = testdrv_thread_blocked_ns() - p->blocked_ns;
+    uint64_t dforeign = testdrv_thread_foreign_syncs() - p->foreign_syncs;
     hx_end(&w->t, rc);
+    /* The program never makes a stream of one context wait for another's
+     * work: a synchronisation of a context waits for that context's work
+     * alone, as the driver's own does. */
+    if (dforeign)
+        hx_fail(&w->t, "sync-foreign",
+                "%s waited for unfinished work of another context (the releases' fences in "
+                "it must not make its streams wait for other contexts): %s", p->name, p->what);
     if (p->row < 0) {
         hx_fail(&w->t, "table", "property.c has no rule for %s", p->name);
         return;

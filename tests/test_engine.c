@@ -1277,7 +1277,7 @@ Test(reuse, device_cache_eviction_under_writers, .timeout = 10)
 
 /* The fence of a release: with one context known, that context's record
  * alone (no stream wait, no second record); once a second context is
- * known, the private stream waits for both contexts' records. */
+ * known, that context records its work too. */
 struct fence_calls {
     uint64_t ctx_records, stream_waits;
 };
@@ -1317,10 +1317,147 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     CU_OK(cuCtxSetCurrent(first));
     struct fence_calls two = fence_calls_of_a_release();
     cr_expect_geq(two.ctx_records, 2, "the other context was not fenced");
-    cr_expect_geq(two.stream_waits, 2);
+    /* The other context's record is joined on the host: no stream of the
+     * first context waits for it (its synchronisation would). */
+    cr_expect_eq(two.stream_waits, 0);
     CU_OK(cuCtxSetCurrent(second));
     CU_OK(cuMemFree(q));
     CU_OK(cuCtxDestroy(second));
+}
+
+/* ---- fences across contexts, joined on the host ---------------------------- */
+
+/* A kernel of device 1's context spins on a flag that the test sets only
+ * after its calls in device 0's context, as a thread per GPU driving
+ * collectives would; a watchdog sets it after 2 s so that a wrong wait
+ * ends (and is seen). */
+struct spinner {
+    volatile int flag;
+    pthread_t watchdog;
+};
+
+static void *spinner_watchdog(void *arg)
+{
+    struct spinner *sp = arg;
+    for (int i = 0; i < 2000 && !sp->flag; i++)
+        usleep(1000);
+    sp->flag = 1;
+    return NULL;
+}
+
+static void spin_in(CUcontext ctx, struct spinner *sp)
+{
+    CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(testdrv_launch_spin(test_stream(CU_STREAM_NON_BLOCKING), &sp->flag));
+    cr_assert_eq(pthread_create(&sp->watchdog, NULL, spinner_watchdog, sp), 0);
+}
+
+static void spin_end(CUcontext ctx, struct spinner *sp)
+{
+    sp->flag = 1;
+    pthread_join(sp->watchdog, NULL);
+    CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(cuCtxSynchronize());
+}
+
+/* After a release in device 0's context, its synchronisation waits for its
+ * own work only (the driver's does), and keeps the block, which the
+ * spinning kernel, submitted before the release, may still use through
+ * peer access; once that kernel has ended, the next synchronisation
+ * releases it. */
+static void own_synchronisation(enum what what)
+{
+    CUcontext a, b;
+    two_devices(&a, &b);
+    CU_OK(cuCtxSetCurrent(a));
+    struct object o = make(what);
+    struct spinner sp = {0};
+    spin_in(b, &sp);
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(release(&o));
+    uint64_t foreign = testdrv_thread_foreign_syncs(), t0 = now_ns();
+    CU_OK(cuCtxSynchronize());
+    uint64_t took = now_ns() - t0;
+    bool flag_set = sp.flag;
+    cr_expect_eq(testdrv_thread_foreign_syncs(), foreign,
+                 "the synchronisation waited for the other context's kernel");
+    cr_expect(!flag_set && took < 1000 * MS, "the synchronisation took %.0f ms",
+              (double)took / MS);
+    enum testdrv_kind kind = live_kind(what);
+    cr_expect_eq(testdrv_live(kind), 1, "released while another context's kernel could use it");
+    spin_end(b, &sp);
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuCtxSynchronize());
+    for (int i = 0; i < 500 && testdrv_live(kind); i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(kind), 0, "kept after the other context's kernel ended");
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(across, device_synchronisation_waits_for_its_own_context, .timeout = 20)
+{
+    own_synchronisation(DEVICE);
+}
+Test(across, pinned_synchronisation_waits_for_its_own_context, .timeout = 20)
+{
+    own_synchronisation(HOST);
+}
+Test(across, managed_synchronisation_waits_for_its_own_context, .timeout = 20)
+{
+    own_synchronisation(MANAGED);
+}
+
+/* A released block is not handed out again while a kernel of another
+ * context submitted before its release still writes it, even once its own
+ * context's record has passed; it is once that kernel has ended. */
+Test(across, reuse_waits_for_another_contexts_kernel, .timeout = 20)
+{
+    CUcontext a, b;
+    two_devices(&a, &b);
+    CU_OK(cuCtxSetCurrent(b));
+    CUstream sb = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxSetCurrent(a));
+    CUdeviceptr buf, other, again;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(testdrv_launch(sb, 300000, buf, 1 << 20, TESTDRV_WRITE));
+    CU_OK(cuMemFree(buf));
+    usleep(20000); /* device 0's own record has passed */
+    CU_OK(cuMemAlloc(&other, 1 << 20));
+    cr_expect_neq(other, buf, "reused while another context's kernel writes it");
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuMemAlloc(&again, 1 << 20));
+    cr_expect_eq(again, buf, "not reused once the other context's kernel ended");
+    CU_OK(cuMemFree(again));
+    CU_OK(cuMemFree(other));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* Without a device cache, a block whose other context's record has not
+ * passed waits on the books; the waiter frees it once it has, with no call
+ * of the program. */
+Test(across, uncached_block_freed_by_the_waiter, .timeout = 20)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "0", 1);
+    CUcontext a, b;
+    two_devices(&a, &b);
+    CU_OK(cuCtxSetCurrent(a));
+    CUdeviceptr buf;
+    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    struct spinner sp = {0};
+    spin_in(b, &sp);
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuMemFree(buf));
+    usleep(50000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 1, "freed under another context's kernel");
+    sp.flag = 1;
+    for (int i = 0; i < 1000 && testdrv_live(TESTDRV_DEVICE); i++)
+        usleep(1000);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the waiter did not free it");
+    spin_end(b, &sp);
+    cr_expect_eq(testdrv_faults(), 0);
 }
 
 /* ---- out-of-memory storms ------------------------------------------------ */

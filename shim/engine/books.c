@@ -202,19 +202,26 @@ static size_t take_while(struct cd_ctx *c, struct cd_link *out,
     return n;
 }
 
+struct kinds {
+    unsigned mask;
+    uint64_t far;
+};
+
 static int want_kinds(struct cd_ctx *c, struct cd_record *r, void *arg)
 {
     (void)c;
+    const struct kinds *k = arg;
     if (r->kept) {
         r->kept = false;
         return 0;
     }
-    return !r->claimed && (*(unsigned *)arg & (1u << r->kind));
+    return !r->claimed && (k->mask & (1u << r->kind)) && r->far <= k->far;
 }
 
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long long *kept,
-                         struct cd_link *out)
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64_t far,
+                         long long *kept, struct cd_link *out)
 {
+    struct kinds k = {mask, far};
     long long left = keep;
     pthread_mutex_lock(&c->lock);
     /* Newest first: the sizes the program released last are the likeliest
@@ -223,12 +230,12 @@ size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long l
     for (struct cd_link *e = c->deferred.prev; e != &c->deferred && left > 0; e = e->prev) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
         if (r->done && !r->claimed && cd_linked(&r->bin) && (long long)r->bytes <= left &&
-            (mask & (1u << r->kind))) {
+            (mask & (1u << r->kind)) && r->far <= far) {
             r->kept = true;
             left -= (long long)r->bytes;
         }
     }
-    size_t n = take_while(c, out, want_kinds, &mask);
+    size_t n = take_while(c, out, want_kinds, &k);
     pthread_mutex_unlock(&c->lock);
     if (kept)
         *kept = keep - left;
@@ -237,6 +244,7 @@ size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long l
 
 struct cache_limit {
     long long bytes, blocks;
+    uint64_t far;
 };
 
 static int want_over_cache(struct cd_ctx *c, struct cd_record *r, void *arg)
@@ -244,7 +252,7 @@ static int want_over_cache(struct cd_ctx *c, struct cd_record *r, void *arg)
     const struct cache_limit *l = arg;
     if (c->cached_bytes <= l->bytes && c->cached_entries <= l->blocks)
         return -1;
-    return r->kind == CD_DEVICE && r->done && !r->claimed;
+    return r->kind == CD_DEVICE && r->done && !r->claimed && r->far <= l->far;
 }
 
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks)
@@ -255,10 +263,10 @@ bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks)
     return over;
 }
 
-size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks,
+size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks, uint64_t far,
                                 struct cd_link *out)
 {
-    struct cache_limit l = {bytes, blocks};
+    struct cache_limit l = {bytes, blocks, far};
     pthread_mutex_lock(&c->lock);
     size_t n = 0;
     if (c->cached_bytes > bytes || c->cached_entries > blocks)

@@ -25,20 +25,21 @@ bool cd_books_room(struct cd_ctx *c, const struct cd_record *r);
 /* Takes r, which is on c's books, off them (claimed by the caller or not). */
 void cd_books_take(struct cd_ctx *c, struct cd_record *r);
 
-/* Takes every entry whose kind is in mask and that no reuse claims off c's
- * books, oldest first, onto out (by their age links), except the newest
- * fenced reusable blocks whose sizes add up to at most keep bytes, which
- * stay for reuse (*kept: their bytes; kept may be NULL). Returns how many
- * it took. */
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, long long *kept,
-                         struct cd_link *out);
+/* Takes every entry whose kind is in mask, that no reuse claims and whose
+ * fence's number in other contexts is at most far (fence.h) off c's books,
+ * oldest first, onto out (by their age links), except the newest fenced
+ * reusable blocks whose sizes add up to at most keep bytes, which stay for
+ * reuse (*kept: their bytes; kept may be NULL). Returns how many it took. */
+size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64_t far,
+                         long long *kept, struct cd_link *out);
 
 /* Whether c's cache of device blocks holds more than bytes or blocks. */
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);
 
-/* Takes the oldest fenced device blocks off c's books, onto out, until the
- * cache holds at most bytes and blocks. Returns how many. */
-size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks,
+/* Takes the oldest fenced device blocks whose fence's number in other
+ * contexts is at most far off c's books, onto out, until the cache holds
+ * at most bytes and blocks. Returns how many. */
+size_t cd_books_take_over_cache(struct cd_ctx *c, long long bytes, long long blocks, uint64_t far,
                                 struct cd_link *out);
 
 /* Takes the device blocks whose fence the caller found passed: the oldest

@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "contexts.h"
 #include "driver.h"
+#include "fence.h"
 #include "log.h"
 #include "nvtx.h"
 #include "options.h"
@@ -92,18 +93,18 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->call = call;
 }
 
-/* Polls r's fence until it passes or the deadline; in the relaxed capture
- * mode, so that a capture another thread starts meanwhile stays valid. */
-static bool wait_fence(struct cd_record *r, uint64_t deadline)
+/* Polls r's fence (both its parts: fence.h) until it passes or the
+ * deadline; in the relaxed capture mode, so that a capture another thread
+ * starts meanwhile stays valid. MAY WAIT, until the deadline. */
+static bool wait_fence(struct cd_ctx *c, struct cd_record *r, uint64_t deadline)
 {
-    const struct cd_driver_ops *ops = cd_driver_ops();
     struct cd_scope sc;
     cd_scope_enter(&sc, NULL, true);
     cd_range_push("cudefer: allocation waits for a released block");
     bool passed = false;
     uint64_t start = cd_now_ns();
     for (;;) {
-        CUresult q = ops->event_query(r->done);
+        CUresult q = cd_fence_query(c, r->done, r->far);
         if (q != CUDA_ERROR_NOT_READY) {
             passed = q == CUDA_SUCCESS;
             break;
@@ -147,7 +148,7 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     CUresult q = CUDA_ERROR_NOT_FOUND;
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r)
-        q = cd_driver_ops()->event_query((*r)->done);
+        q = cd_fence_query(c, (*r)->done, (*r)->far);
     cd_gate_exit();
     return q;
 }
@@ -168,7 +169,7 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
     uint64_t bound = q == CUDA_ERROR_NOT_READY ? wait_bound(a, held) : 0;
     if (bound) {
         uint64_t t0 = cd_now_ns();
-        ready = wait_fence(r, t0 + bound);
+        ready = wait_fence(c, r, t0 + bound);
         atomic_fetch_add(&cd_stats.reuse_waits, 1);
         atomic_fetch_add(&cd_stats.reuse_wait_ns, cd_now_ns() - t0);
     }

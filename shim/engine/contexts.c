@@ -47,6 +47,27 @@ void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
     }
 }
 
+bool cd_ctx_every(const struct cd_ctx *skip, bool (*fn)(struct cd_ctx *c, bool entered, void *arg),
+                  void *arg)
+{
+    int n = atomic_load(&nslots);
+    for (int i = 0; i < n; i++) {
+        struct cd_ctx *c = slot(i);
+        if (c == skip)
+            continue;
+        atomic_fetch_add(&c->walkers, 1);
+        bool entered = atomic_load(&c->state) == CD_CTX_READY && cd_ctx_enter(c, atomic_load(&c->gen));
+        if (!entered)
+            atomic_fetch_sub(&c->walkers, 1);
+        bool go = fn(c, entered, arg);
+        if (entered)
+            cd_ctx_exit_walk(c);
+        if (!go)
+            return false;
+    }
+    return true;
+}
+
 bool cd_ctx_alone(const struct cd_ctx *c)
 {
     return atomic_load(&nslots) == 1 && slot(0) == c;
@@ -268,6 +289,8 @@ static void init_slot(struct cd_ctx *c)
     pthread_mutex_init(&c->drain_lock, NULL);
     pthread_mutex_init(&c->pool_lock, NULL);
     pthread_mutex_init(&c->streams_lock, NULL);
+    pthread_mutex_init(&c->far_lock, NULL);
+    atomic_store(&c->far_done, UINT64_MAX);
     cd_list_init(&c->deferred);
     cd_list_init(&c->inflight);
     cd_list_init(&c->watches);
@@ -536,6 +559,16 @@ static void forget_events(struct cd_ctx *c, const struct cd_driver_ops *ops, boo
     c->finals = NULL;
     c->nstreams = c->cap_streams = c->nfinals = c->cap_finals = 0;
     pthread_mutex_unlock(&c->streams_lock);
+    /* No fence waits for a context that has ended: its work ended with it. */
+    pthread_mutex_lock(&c->far_lock);
+    for (size_t i = 0; i < CD_FAR_RING; i++) {
+        if (alive && c->far[i].event)
+            ops->event_destroy(c->far[i].event);
+        c->far[i].event = NULL;
+    }
+    c->far_head = c->far_n = 0;
+    atomic_store(&c->far_done, UINT64_MAX);
+    pthread_mutex_unlock(&c->far_lock);
 }
 
 void cd_ctx_release(struct cd_ctx *c, bool alive)

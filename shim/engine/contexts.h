@@ -42,6 +42,10 @@
 
 enum cd_ctx_state { CD_CTX_FREE, CD_CTX_SETUP, CD_CTX_READY, CD_CTX_MAY_END, CD_CTX_CLOSING };
 
+/* Records of a context's work kept for other contexts' fences at most
+ * (fence.c): past that the newest is recorded again. */
+#define CD_FAR_RING 32
+
 /* Bins of equal released blocks (kind, bytes, flags) that may serve an
  * allocation, oldest first. Under the slot's lock. */
 #define CD_BIN_BUCKETS 256
@@ -109,6 +113,16 @@ struct cd_ctx {
     struct cd_tracked { CUstream stream; CUevent event; CUcontext owner; } *streams, *finals;
     size_t nstreams, cap_streams;
     size_t nfinals, cap_finals;
+
+    /* Fences joined on the host (fence.h): records of this context's work
+     * made for releases in other contexts, oldest first, each with the
+     * number of its fence; far_done: every fence up to that number has
+     * passed here (UINT64_MAX while the slot serves no context). far_lock
+     * is held for a few calls that do not wait. */
+    pthread_mutex_t far_lock;
+    struct cd_far { uint64_t tag; CUevent event; } far[CD_FAR_RING];
+    unsigned far_head, far_n;
+    _Atomic uint64_t far_done;
 };
 
 /* Device frees behind one marker event recorded on the private stream after
@@ -122,6 +136,13 @@ struct cd_batch {
 /* Calls fn on every slot that is READY, entered for the call (skipping one
  * that closes meanwhile). */
 void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg);
+
+/* Calls fn on every slot but skip, in the table's order, while fn returns
+ * true: a READY slot entered as a walk (entered true), any other as it is,
+ * not entered (fn may then read its atomics only). Returns false when fn
+ * stopped the walk. Does not wait. */
+bool cd_ctx_every(const struct cd_ctx *skip, bool (*fn)(struct cd_ctx *c, bool entered, void *arg),
+                  void *arg);
 
 /* Whether c's slot is the only one the engine has made: no other context
  * has been known (a fence of c covers all that cd_ctx_each would visit). */

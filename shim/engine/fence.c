@@ -1,4 +1,5 @@
-/* fence.c - fences over every context. */
+/* fence.c - fences over every context: the releasing one's on the GPU, the
+ * others' joined on the host. */
 #include "fence.h"
 
 #include "driver.h"
@@ -6,55 +7,50 @@
 
 #include "array.h"
 
-/* Before 12.5: an event on each stream the program made in o, and the final
- * events of destroyed ones. */
-static CUresult fence_streams(struct cd_ctx *c, struct cd_ctx *o, const struct cd_driver_ops *ops)
+#include <sched.h>
+#include <time.h>
+
+/* Before 12.5: c's private stream waits for an event on each stream the
+ * program made in c, and for the final events of destroyed ones. */
+static CUresult fence_streams(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
     CUresult rc = CUDA_SUCCESS;
-    pthread_mutex_lock(&o->streams_lock);
-    for (size_t i = 0; i < o->nstreams && rc == CUDA_SUCCESS; i++) {
-        rc = ops->event_record(o->streams[i].event, o->streams[i].stream);
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; i < c->nstreams && rc == CUDA_SUCCESS; i++) {
+        rc = ops->event_record(c->streams[i].event, c->streams[i].stream);
         if (rc == CUDA_SUCCESS)
-            rc = ops->stream_wait_event(c->priv, o->streams[i].event, 0);
+            rc = ops->stream_wait_event(c->priv, c->streams[i].event, 0);
     }
-    for (size_t i = 0; i < o->nfinals && rc == CUDA_SUCCESS; i++)
-        rc = ops->stream_wait_event(c->priv, o->finals[i].event, 0);
-    pthread_mutex_unlock(&o->streams_lock);
+    for (size_t i = 0; i < c->nfinals && rc == CUDA_SUCCESS; i++)
+        rc = ops->stream_wait_event(c->priv, c->finals[i].event, 0);
+    pthread_mutex_unlock(&c->streams_lock);
     return rc;
 }
 
-/* Makes c's private stream wait for the work submitted so far in o. */
-static CUresult fence_one(struct cd_ctx *c, struct cd_ctx *o, const struct cd_driver_ops *ops)
+/* Makes c's private stream wait for the work submitted so far in c. */
+static CUresult fence_own_stream(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
-    if (!o->ctx_record)
-        return fence_streams(c, o, ops);
-    CUresult rc = ops->ctx_record_event(atomic_load(&o->handle), o->fence);
-    return rc == CUDA_SUCCESS ? ops->stream_wait_event(c->priv, o->fence, 0) : rc;
+    if (!c->ctx_record)
+        return fence_streams(c, ops);
+    CUresult rc = ops->ctx_record_event(atomic_load(&c->handle), c->fence);
+    return rc == CUDA_SUCCESS ? ops->stream_wait_event(c->priv, c->fence, 0) : rc;
 }
 
-struct others {
-    struct cd_ctx *c;
-    const struct cd_driver_ops *ops;
-};
-
-static void fence_other(struct cd_ctx *o, void *arg)
-{
-    struct others *a = arg;
-    if (o == a->c)
-        return;
-    CUresult rc = fence_one(a->c, o, a->ops);
-    if (rc != CUDA_SUCCESS)
-        cd_log(CD_LOG_DEBUG, "fence over context %p: error %d", (void *)atomic_load(&o->handle),
-               (int)rc);
-}
-
-/* One context known: its record, into the release's own event. */
-static CUresult fence_alone(struct cd_ctx *c, CUevent *done, const struct cd_driver_ops *ops)
+/* c's part, into a spare event: its record (12.5 and newer, and not for
+ * the host), or the private stream's wait and a record behind it. */
+static CUresult fence_own(struct cd_ctx *c, CUevent *done, bool for_host,
+                          const struct cd_driver_ops *ops)
 {
     CUresult rc = cd_ctx_event_get(c, done);
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = ops->ctx_record_event(atomic_load(&c->handle), *done);
+    if (c->ctx_record && !for_host) {
+        rc = ops->ctx_record_event(atomic_load(&c->handle), *done);
+    } else {
+        rc = fence_own_stream(c, ops);
+        if (rc == CUDA_SUCCESS)
+            rc = ops->event_record(*done, c->priv);
+    }
     if (rc != CUDA_SUCCESS) {
         cd_ctx_event_put(c, *done);
         *done = NULL;
@@ -62,37 +58,207 @@ static CUresult fence_alone(struct cd_ctx *c, CUevent *done, const struct cd_dri
     return rc;
 }
 
-static CUresult fence(struct cd_ctx *c, CUevent *done, bool alone_ok)
+/* ---- the other contexts' part, joined on the host ------------------------------ */
+
+/* Numbers fences and keeps each context's records in their order. */
+static pthread_mutex_t far_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The newest number whose records are all made. */
+static _Atomic uint64_t far_seq;
+
+/* Records the work submitted so far in o into ev (an event of o). */
+static CUresult record_work(struct cd_ctx *o, CUevent ev, const struct cd_driver_ops *ops)
+{
+    if (o->ctx_record)
+        return ops->ctx_record_event(atomic_load(&o->handle), ev);
+    /* Before 12.5: o's private stream follows o's streams, and the event
+     * is recorded there (o's own work: o's synchronisation covers it). */
+    CUresult rc = fence_streams(o, ops);
+    return rc == CUDA_SUCCESS ? ops->event_record(ev, o->priv) : rc;
+}
+
+/* Drops o's oldest records that have completed (or whose context faulted:
+ * it runs nothing more); under o->far_lock. */
+static void far_pop(struct cd_ctx *o, const struct cd_driver_ops *ops)
+{
+    while (o->far_n > 0 &&
+           ops->event_query(o->far[o->far_head].event) != CUDA_ERROR_NOT_READY) {
+        o->far_head = (o->far_head + 1) % CD_FAR_RING;
+        o->far_n--;
+    }
+}
+
+/* Brings o->far_done up to date; o entered. */
+static void far_refresh(struct cd_ctx *o, const struct cd_driver_ops *ops)
+{
+    /* Read first: every number up to it has its records in the rings. */
+    uint64_t seq = atomic_load_explicit(&far_seq, memory_order_acquire);
+    pthread_mutex_lock(&o->far_lock);
+    far_pop(o, ops);
+    atomic_store(&o->far_done, o->far_n ? o->far[o->far_head].tag - 1 : seq);
+    pthread_mutex_unlock(&o->far_lock);
+}
+
+/* An event of o for its ring, made in o. */
+static CUresult far_event(struct cd_ctx *o, CUevent *ev, const struct cd_driver_ops *ops)
+{
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&o->handle), false);
+    CUresult rc = ops->event_create(ev, CU_EVENT_DISABLE_TIMING);
+    cd_scope_leave(&sc);
+    return rc;
+}
+
+/* Records o's work under number tag; under far_lock, o entered. A full
+ * ring records its newest again: that record then stands for the numbers
+ * of both, and completes no earlier than the one it replaces. */
+static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops *ops)
+{
+    pthread_mutex_lock(&o->far_lock);
+    if (o->far_n == CD_FAR_RING)
+        far_pop(o, ops);
+    bool again = o->far_n == CD_FAR_RING;
+    struct cd_far *e = &o->far[(o->far_head + o->far_n - (again ? 1 : 0)) % CD_FAR_RING];
+    CUresult rc = e->event ? CUDA_SUCCESS : far_event(o, &e->event, ops);
+    if (rc == CUDA_SUCCESS)
+        rc = record_work(o, e->event, ops);
+    if (rc == CUDA_SUCCESS) {
+        e->tag = tag;
+        o->far_n += again ? 0 : 1;
+        if (atomic_load(&o->far_done) >= tag)
+            atomic_store(&o->far_done, tag - 1);
+    }
+    pthread_mutex_unlock(&o->far_lock);
+    if (rc != CUDA_SUCCESS)
+        cd_log(rc == CUDA_ERROR_OUT_OF_MEMORY ? CD_LOG_ERROR : CD_LOG_DEBUG,
+               "fence over context %p: error %d%s", (void *)atomic_load(&o->handle), (int)rc,
+               rc == CUDA_ERROR_OUT_OF_MEMORY ? " (no event for its record): its work is not "
+                                                "waited for"
+                                              : "");
+}
+
+struct far_make {
+    struct cd_ctx *c;
+    uint64_t tag;
+    bool any;
+    const struct cd_driver_ops *ops;
+};
+
+static void far_make_one(struct cd_ctx *o, void *arg)
+{
+    struct far_make *m = arg;
+    if (o == m->c)
+        return;
+    far_push(o, m->tag, m->ops);
+    m->any = true;
+}
+
+/* Records the work of every other context the engine knows; the number,
+ * or 0 when there was none. */
+static uint64_t far_fence(struct cd_ctx *c, const struct cd_driver_ops *ops)
+{
+    pthread_mutex_lock(&far_lock);
+    struct far_make m = {c, atomic_load(&far_seq) + 1, false, ops};
+    cd_ctx_each(far_make_one, &m);
+    if (m.any)
+        atomic_store_explicit(&far_seq, m.tag, memory_order_release);
+    pthread_mutex_unlock(&far_lock);
+    return m.any ? m.tag : 0;
+}
+
+static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
+{
+    uint64_t far = *(uint64_t *)arg;
+    if (atomic_load(&o->far_done) >= far)
+        return true;
+    /* A slot that closes, or keeps walks out, is asked again later. */
+    if (!entered)
+        return false;
+    far_refresh(o, cd_driver_ops());
+    return atomic_load(&o->far_done) >= far;
+}
+
+bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far)
+{
+    return far == 0 || cd_ctx_every(c, far_reached, &far);
+}
+
+CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far)
+{
+    CUresult q = done ? cd_driver_ops()->event_query(done) : CUDA_SUCCESS;
+    if (q == CUDA_SUCCESS && !cd_fence_far_passed(c, far))
+        q = CUDA_ERROR_NOT_READY;
+    return q;
+}
+
+static bool far_low(struct cd_ctx *o, bool entered, void *arg)
+{
+    uint64_t *floor = arg;
+    if (entered && atomic_load(&o->far_done) < *floor)
+        far_refresh(o, cd_driver_ops());
+    uint64_t done = atomic_load(&o->far_done);
+    if (done < *floor)
+        *floor = done;
+    return true;
+}
+
+uint64_t cd_fence_far_floor(struct cd_ctx *c)
+{
+    uint64_t floor = UINT64_MAX;
+    if (!cd_ctx_alone(c))
+        cd_ctx_every(c, far_low, &floor);
+    return floor;
+}
+
+void cd_fence_far_wait(struct cd_ctx *c, uint64_t far)
+{
+    for (unsigned i = 0; !cd_fence_far_passed(c, far); i++) {
+        if (i < 100) {
+            sched_yield();
+            continue;
+        }
+        struct timespec nap = {0, i < 1000 ? 20000 : 200000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+void cd_fence_trim(struct cd_ctx *c)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    if (alone_ok && done && c->ctx_record && cd_ctx_alone(c))
-        return fence_alone(c, done, ops);
-    CUresult rc = fence_one(c, c, ops);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct others a = {c, ops};
-    cd_ctx_each(fence_other, &a);
-    if (!done)
-        return CUDA_SUCCESS;
-    rc = cd_ctx_event_get(c, done);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = ops->event_record(*done, c->priv);
-    if (rc != CUDA_SUCCESS) {
-        cd_ctx_event_put(c, *done);
-        *done = NULL;
+    pthread_mutex_lock(&c->far_lock);
+    far_pop(c, ops);
+    for (unsigned i = c->far_n; i < CD_FAR_RING; i++) {
+        struct cd_far *e = &c->far[(c->far_head + i) % CD_FAR_RING];
+        if (e->event)
+            ops->event_destroy(e->event);
+        e->event = NULL;
     }
+    pthread_mutex_unlock(&c->far_lock);
+}
+
+void cd_fence_reset(void)
+{
+    pthread_mutex_init(&far_lock, NULL);
+}
+
+/* ---- fences ---------------------------------------------------------------------- */
+
+static CUresult fence(struct cd_ctx *c, CUevent *done, uint64_t *far, bool for_host)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    CUresult rc = fence_own(c, done, for_host, ops);
+    if (far)
+        *far = rc == CUDA_SUCCESS && !cd_ctx_alone(c) ? far_fence(c, ops) : 0;
     return rc;
 }
 
-CUresult cd_fence(struct cd_ctx *c, CUevent *done)
+CUresult cd_fence(struct cd_ctx *c, CUevent *done, uint64_t *far)
 {
-    return fence(c, done, true);
+    return fence(c, done, far, false);
 }
 
-CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done)
+CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done, uint64_t *far)
 {
-    return fence(c, done, false);
+    return fence(c, done, far, true);
 }
 
 void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner)

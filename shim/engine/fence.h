@@ -1,25 +1,40 @@
 /* fence.h - ordering a release behind all work submitted so far, on the GPU.
  *
- * With driver 12.5 and newer, cuCtxRecordEvent captures every stream of a
- * context (measured: non-blocking, legacy and per-thread streams; a primary
- * context's record covers its green contexts too), and the private stream
- * waits for that event. Every context the engine knows is fenced, since a
- * kernel of another context may use the memory (peer access, portable
- * pinned memory, managed memory). Before 12.5 there is no such call: an
- * event is recorded on every stream the program created (the engine watches
- * stream creation and destruction), and the private stream is a blocking
- * one, which follows the legacy stream.
+ * A release's fence has two parts.
  *
- * When the engine has known one context only (the common case of a
- * program on one GPU), the fence is that context's record alone, made into
- * the release's event: one driver call instead of three, and the private
- * stream does not wait for it. Whatever frees memory on the private stream
- * therefore makes it wait for the record's event first (cd_retire_free).
+ * Its own context's: with driver 12.5 and newer, cuCtxRecordEvent captures
+ * every stream of a context (measured: non-blocking, legacy and per-thread
+ * streams; a primary context's record covers its green contexts too), made
+ * into the release's event (one driver call). Whatever frees memory on the
+ * private stream makes it wait for that event first (cd_retire_free).
+ * Before 12.5 there is no such call: an event is recorded on every stream
+ * the program created (the engine watches stream creation and
+ * destruction), the private stream, a blocking one that follows the legacy
+ * stream, waits for them, and the release's event is recorded behind.
  *
- * Nothing here waits for the GPU: records and stream waits return at once
- * (0.46 us for a record, a wait and a record, measured). Callers hold the
- * capture gate (capture.h): a record during a live capture would
- * invalidate it.
+ * The other contexts' (far): a kernel of another context may use the
+ * memory (peer access, portable pinned memory, managed memory), so every
+ * other context the engine knows records its work too, into a ring of its
+ * own events, under one number that the fence keeps (far; 0 when there was
+ * no other context). Those records are joined on the host: reuses, flushes
+ * and stream-ordered frees ask whether they have passed, and nothing on
+ * the GPU waits for them. A wait of the releasing context's streams for
+ * them would make the program's cuCtxSynchronize of that context wait for
+ * the other contexts' work, which the driver's does not (measured on an
+ * H200, bench/RESULTS.md run 18: a kernel in the other context that waited
+ * for the synchronising thread hung it).
+ *
+ * Fences are numbered under one lock, and a context's records are kept in
+ * the order of their numbers: the oldest record that has not completed
+ * tells up to which number the context has passed (records complete in
+ * order: a later one covers all an earlier one does). A context that has
+ * ended, or has not been set up, has passed every fence.
+ *
+ * Nothing here waits for the GPU but cd_fence_far_wait: records, stream
+ * waits and queries return at once (0.46 us for a record, a wait and a
+ * record, measured). Fences are made inside the capture gate (capture.h):
+ * a record during a live capture would invalidate it; the queries are
+ * made inside the gate or in the relaxed capture mode.
  */
 #ifndef CUDEFER_FENCE_H
 #define CUDEFER_FENCE_H
@@ -27,21 +42,40 @@
 #include "contexts.h"
 
 /* Records in *done a spare event that completes when the work submitted so
- * far in every context the engine knows has finished. With several
- * contexts known, or before 12.5, c's private stream waits for that work
- * and *done is recorded behind it; with one, *done is c's own record and
- * the private stream is left as it was. done NULL: the private stream waits,
- * no event. Called with c entered and its context current. An error of c's
- * own record is returned (a sticky error of the context); another
- * context's is not (a context that faulted runs nothing more). */
-CUresult cd_fence(struct cd_ctx *c, CUevent *done);
+ * far in c has finished, and, when far is not NULL, in *far the number of
+ * the other contexts' records (0: none was needed). Called with c entered
+ * and its context current. An error of c's own record is returned (a
+ * sticky error of the context); another context's is not (a context that
+ * faulted runs nothing more). */
+CUresult cd_fence(struct cd_ctx *c, CUevent *done, uint64_t *far);
 /* cd_fence for a host that waits for *done at once (a registration's
- * release): always the private stream's wait and a record behind it, even
- * with one context known. Measured on an H200 (bench/RESULTS.md, run 12):
- * a 4 KiB registration loop whose unregister synchronised a context's
- * record took 120-127 us an iteration against 94-119 us before; with a
- * stream's event, 94-121 us, as before. */
-CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done);
+ * release): c's part is always the private stream's wait and a record
+ * behind it. Measured on an H200 (bench/RESULTS.md, run 12): a 4 KiB
+ * registration loop whose unregister synchronised a context's record took
+ * 120-127 us an iteration against 94-119 us before; with a stream's event,
+ * 94-121 us, as before. */
+CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done, uint64_t *far);
+
+/* Whether the other contexts' part of a fence made in c has passed; looks
+ * at their newest records (queries). Does not wait. */
+bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far);
+/* CUDA_SUCCESS when both parts of the fence (done, far) made in c have
+ * passed, CUDA_ERROR_NOT_READY when one has not, or the error of done's
+ * query. Does not wait. */
+CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far);
+/* The number up to which every fence made in c has passed in the other
+ * contexts (UINT64_MAX with none), now. Does not wait. */
+uint64_t cd_fence_far_floor(struct cd_ctx *c);
+/* WAITS until the other contexts' part of a fence made in c has passed
+ * (polls: no lock is held while it waits, and other threads' fences go on).
+ * In the relaxed capture mode, or inside the gate. */
+void cd_fence_far_wait(struct cd_ctx *c, uint64_t far);
+/* Destroys the events of c's ring that no record uses (up to CD_FAR_RING
+ * stay made between flushes: cudefer_flush leaves none). c entered. Does
+ * not wait. */
+void cd_fence_trim(struct cd_ctx *c);
+/* Forgets the numbering (a forked child). */
+void cd_fence_reset(void);
 
 /* Before driver 12.5: the streams of the program, for the fences; owner is
  * the stream's own context (a green context's CUcontext for its streams). */

@@ -5,6 +5,7 @@
 #include "contexts.h"
 #include "engine.h"
 #include "driver.h"
+#include "fence.h"
 #include "log.h"
 #include "options.h"
 #include "books.h"
@@ -46,6 +47,7 @@ void cd_process_start(void)
 static void in_child(void)
 {
     cd_contexts_reset();
+    cd_fence_reset();
     cd_registry_reset();
     cd_books_reset();
     cd_capture_reset();
@@ -58,6 +60,7 @@ __attribute__((constructor)) static void process_init(void)
 {
     cd_ctx_on_first_setup(cd_process_start);
     cd_capture_on_reopen(cd_retire_backlog);
+    cd_waiter_on_visit(cd_retire_evict);
     pthread_atfork(NULL, NULL, in_child);
 }
 

@@ -23,6 +23,7 @@
 #include "capture.h"
 #include "contexts.h"
 #include "driver.h"
+#include "fence.h"
 #include "log.h"
 #include "nvtx.h"
 #include "options.h"
@@ -100,6 +101,7 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
      * covers kernels of other contexts (peer access). */
     if (r->done)
         ops->event_synchronize(r->done);
+    cd_fence_far_wait(c, r->far);
     CUresult rc = cd_backend((enum cd_kind)r->kind)->release(r);
     if (rc == CUDA_SUCCESS) {
         atomic_fetch_add(&cd_stats.released[r->kind], 1);
@@ -114,24 +116,51 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
     cd_registry_end(r, CD_GONE);
 }
 
+/* The greatest number of the other contexts' records (fence.h) among list's
+ * entries. */
+static uint64_t far_of(struct cd_link *list)
+{
+    uint64_t far = 0;
+    for (struct cd_link *e = list->next; e != list; e = e->next) {
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        far = r->far > far ? r->far : far;
+    }
+    return far;
+}
+
+/* The number up to which the other contexts' records of c's fences have
+ * passed, asked in the relaxed capture mode. Does not wait. */
+static uint64_t far_floor(struct cd_ctx *c)
+{
+    struct cd_scope sc;
+    cd_scope_enter(&sc, NULL, true);
+    uint64_t far = cd_fence_far_floor(c);
+    cd_scope_leave(&sc);
+    return far;
+}
+
 /* Releases c's entries of the kinds in mask, but for the newest reusable
  * blocks of up to keep bytes: device blocks through cuMemFreeAsync behind
- * their fence, the others with the driver's release. With settle, WAITS
- * until c's frees in flight have given the memory back. Returns whether
- * there was anything to do. MAY WAIT. */
+ * their fence, the others with the driver's release. A synchronisation
+ * (why CD_FLUSH_SYNC) leaves the entries whose other contexts' records have
+ * not passed: the program waited for its context only. Other flushes WAIT
+ * for those records. With settle, WAITS until c's frees in flight have
+ * given the memory back. Returns whether there was anything to do. MAY
+ * WAIT. */
 static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle,
                           long long keep)
 {
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
+    uint64_t far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
     /* A context with a sticky error keeps its entries for its destruction:
      * every release in it would fail. */
     /* Counted before the entries leave the books: an out-of-memory answer
      * in another thread sees either the entries or this flush. */
     releasing_add(1);
     long long kept = 0;
-    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, keep, &kept, &list);
+    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, keep, far, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
     releasing_add((long long)n);
     if (!n && !frees) {
@@ -142,6 +171,9 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     cd_range_push(why == CD_FLUSH_OOM ? "cudefer: flush (out of memory)" : "cudefer: flush");
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    /* The other contexts' records of the fences, on the host: nothing of
+     * this context's work waits for them on the GPU. */
+    cd_fence_far_wait(c, far_of(&list));
     /* Device blocks first: their frees do not wait, and their memory is
      * back soonest. */
     for (struct cd_link *e = list.next, *next; e != &list; e = next) {
@@ -214,6 +246,7 @@ static void settle_and_trim(struct cd_ctx *c, void *arg)
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     cd_ctx_event_trim(c);
+    cd_fence_trim(c);
     cd_scope_leave(&sc);
 }
 
@@ -247,7 +280,7 @@ void cd_context_synchronized(CUcontext ctx)
 
 static bool fence_passed(struct cd_record *r)
 {
-    return cd_driver_ops()->event_query(r->done) == CUDA_SUCCESS;
+    return cd_fence_query(r->ctx, r->done, r->far) == CUDA_SUCCESS;
 }
 
 /* Frees c's device blocks whose fence has passed on its idle stream and

@@ -41,6 +41,7 @@ struct cd_record {
     size_t bytes;
     struct cd_ctx *ctx;          /* the context it was allocated in */
     CUevent done;                /* its fence; NULL while not fenced */
+    uint64_t far;                /* its fence's number in other contexts (fence.h), or 0 */
     unsigned flags;              /* the allocating call's flags */
     unsigned gen;                /* ctx's generation at the allocation */
     uint8_t kind;                /* enum cd_kind */

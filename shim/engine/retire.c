@@ -74,6 +74,7 @@ void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
 {
     cd_ctx_event_put(c, r->done);
     r->done = NULL;
+    r->far = 0;
 }
 
 /* A release made while the work before it still runs would have waited in
@@ -108,21 +109,26 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
     }
 }
 
-void cd_retire_evict(struct cd_ctx *c)
+bool cd_retire_evict(struct cd_ctx *c)
 {
     long long limit = cd_option_int(CD_OPT_DEVICE_CACHE);
     long long blocks = limit >> 20 > CD_CACHE_BLOCKS ? limit >> 20 : CD_CACHE_BLOCKS;
-    if (!cd_books_over_cache(c, limit, blocks) || !cd_gate_enter())
-        return;
+    if (!cd_books_over_cache(c, limit, blocks))
+        return false;
+    if (!cd_gate_enter())
+        return true;
     struct cd_link list;
     cd_list_init(&list);
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
-    /* Down to three quarters, so that one walk serves many releases. */
-    if (cd_books_take_over_cache(c, limit / 4 * 3, blocks / 4 * 3, &list))
+    /* Down to three quarters, so that one walk serves many releases; only
+     * blocks whose other contexts' records have passed. */
+    uint64_t far = cd_fence_far_floor(c);
+    if (cd_books_take_over_cache(c, limit / 4 * 3, blocks / 4 * 3, far, &list))
         cd_retire_free(c, c->priv, &list);
     cd_scope_leave(&sc);
     cd_gate_exit();
+    return cd_books_over_cache(c, limit, blocks);
 }
 
 /* The context has a sticky error: nothing can be released in it any more,
@@ -150,7 +156,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     if (cd_gate_enter()) {
-        frc = cd_fence(c, &r->done);
+        frc = cd_fence(c, &r->done, &r->far);
         fenced = frc == CUDA_SUCCESS;
         if (fenced)
             note_saving(c, r);
@@ -173,21 +179,24 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
            (unsigned long)r->key, fenced ? "" : " (a capture is live: fenced when it ends)");
     bool free_now = b->stream_ordered && fenced &&
                     (r->exported || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
-    if (free_now) {
-        struct cd_link one;
-        cd_list_init(&one);
-        cd_list_append(&one, &r->age);
-        if (cd_gate_enter()) {
+    /* Not before the other contexts' records have passed (fence.h): until
+     * then it waits on the books, and the waiter frees it (cd_retire_evict). */
+    if (free_now && cd_gate_enter()) {
+        free_now = cd_fence_far_passed(c, r->far);
+        if (free_now) {
+            struct cd_link one;
+            cd_list_init(&one);
+            cd_list_append(&one, &r->age);
             cd_retire_free(c, c->priv, &one);
-            cd_gate_exit();
-        } else {
-            cd_list_remove(&r->age);
-            cd_books_defer(c, r);
         }
+        cd_gate_exit();
     } else {
+        free_now = false;
+    }
+    if (!free_now) {
         cd_books_defer(c, r);
-        if (b->stream_ordered)
-            cd_retire_evict(c);
+        if (b->stream_ordered && cd_retire_evict(c))
+            cd_waiter_poke();
     }
     *rc = CUDA_SUCCESS;
     return true;
@@ -205,7 +214,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     CUresult frc = CUDA_ERROR_NOT_READY;
     if (cd_gate_enter()) {
-        frc = cd_fence_for_host(c, &r->done);
+        frc = cd_fence_for_host(c, &r->done, &r->far);
         cd_gate_exit();
     }
     cd_scope_leave(&sc);
@@ -219,10 +228,11 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     struct cd_scope relaxed;
     cd_scope_enter(&relaxed, NULL, true);
     uint64_t t0 = cd_now_ns();
-    if (ops->event_query(r->done) == CUDA_ERROR_NOT_READY) {
+    if (cd_fence_query(c, r->done, r->far) == CUDA_ERROR_NOT_READY) {
         atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
         cd_range_push("cudefer: unregister waits for the work before it");
         ops->event_synchronize(r->done);
+        cd_fence_far_wait(c, r->far);
         cd_range_pop();
         atomic_fetch_add(&cd_stats.unregister_waits, 1);
         atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);
@@ -341,7 +351,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
         if (!atomic_load(&c->sticky) && cd_gate_enter()) {
-            if (cd_fence(c, &r->done) != CUDA_SUCCESS)
+            if (cd_fence(c, &r->done, &r->far) != CUDA_SUCCESS)
                 cd_retire_drop_event(c, r);
             cd_gate_exit();
         }

@@ -21,9 +21,11 @@ void cd_retire_backlog(void);
 void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records);
 
 /* Sends c's oldest fenced device blocks to cuMemFreeAsync until the cache is
- * within three quarters of CUDEFER_DEVICE_CACHE and its count of blocks.
- * Called with c entered. Does not wait. */
-void cd_retire_evict(struct cd_ctx *c);
+ * within three quarters of CUDEFER_DEVICE_CACHE and its count of blocks,
+ * leaving those whose other contexts' records have not passed (fence.h).
+ * Returns whether the cache is still over its limits: the waiter calls it
+ * again. Called with c entered. Does not wait. */
+bool cd_retire_evict(struct cd_ctx *c);
 
 /* Gives a record's fence event back to its context's pool (c entered). */
 void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r);

@@ -23,6 +23,10 @@ static _Atomic bool running;
 static pthread_t thread;
 /* Frees issued and watches made, not yet settled or seen through. */
 static _Atomic long long pending;
+static bool (*_Atomic on_visit)(struct cd_ctx *c);
+/* Set by a context whose visit left work (cd_waiter_poke, or the pass that
+ * made it), cleared when a pass begins. */
+static _Atomic bool visit_again;
 
 /* Set while the waiter sleeps for want of work: only then does new work
  * post to wake it (a napping waiter finds it within a millisecond). The
@@ -59,12 +63,24 @@ static void sleep_for(unsigned usec)
             ;
     } else {
         atomic_store(&asleep, true);
-        while (!work_posted && !atomic_load(&stopping) && atomic_load(&pending) == 0)
+        while (!work_posted && !atomic_load(&stopping) && atomic_load(&pending) == 0 &&
+               !atomic_load(&visit_again))
             pthread_cond_wait(&wake_cond, &wake_lock);
         atomic_store(&asleep, false);
     }
     work_posted = false;
     pthread_mutex_unlock(&wake_lock);
+}
+
+void cd_waiter_on_visit(bool (*fn)(struct cd_ctx *c))
+{
+    atomic_store(&on_visit, fn);
+}
+
+void cd_waiter_poke(void)
+{
+    atomic_store(&visit_again, true);
+    wake();
 }
 
 void cd_waiter_add(struct cd_ctx *c, struct cd_record *r)
@@ -136,7 +152,7 @@ void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind)
     w->count[kind] = 1;
     /* A fence of its own: it completes when the work before the release
      * has finished, as the release's does. */
-    if (cd_fence(c, &w->event) != CUDA_SUCCESS) {
+    if (cd_fence(c, &w->event, NULL) != CUDA_SUCCESS) {
         free(w);
         return;
     }
@@ -313,6 +329,7 @@ void cd_waiter_forget(struct cd_ctx *c, bool alive)
 struct pass {
     const struct cd_driver_ops *ops;
     size_t done;
+    bool again;
 };
 
 static void visit(struct cd_ctx *c, void *arg)
@@ -322,6 +339,9 @@ static void visit(struct cd_ctx *c, void *arg)
     p->done += cd_waiter_settle(c, false);
     see_watches(c, p->ops);
     cd_fence_prune(c);
+    bool (*fn)(struct cd_ctx *) = atomic_load(&on_visit);
+    if (fn && fn(c))
+        p->again = true;
 }
 
 static void *waiter_main(void *arg)
@@ -333,8 +353,11 @@ static void *waiter_main(void *arg)
     ops->exchange_capture_mode(&mode);
     unsigned nap = 0, captures = 0;
     while (!atomic_load(&stopping)) {
-        struct pass p = {ops, 0};
+        atomic_store(&visit_again, false);
+        struct pass p = {ops, 0, false};
         cd_ctx_each(visit, &p);
+        if (p.again)
+            atomic_store(&visit_again, true);
         /* Now and then, captures that ended where cudefer did not see. */
         if (cd_capture_live() && ++captures % 64 == 0)
             cd_capture_check();
@@ -344,7 +367,7 @@ static void *waiter_main(void *arg)
             sleep_for(1000);
             continue;
         }
-        if (atomic_load(&pending) == 0 && !cd_capture_live()) {
+        if (atomic_load(&pending) == 0 && !cd_capture_live() && !atomic_load(&visit_again)) {
             nap = 0;
             sleep_for(0);
             continue;
@@ -401,6 +424,7 @@ void cd_waiter_reset(void)
     init_cond();
     work_posted = false;
     atomic_store(&pending, 0);
+    atomic_store(&visit_again, false);
     atomic_store(&asleep, false);
     atomic_store(&running, false);
     atomic_store(&stopping, false);

@@ -21,6 +21,15 @@ void cd_waiter_stop(void);
 /* Forgets the thread and the work (a forked child). */
 void cd_waiter_reset(void);
 
+/* fn runs for every context in each pass of the waiter (the process module
+ * hands it the eviction of device blocks that wait for other contexts'
+ * records: retire.h); when it returns true, the waiter looks again within a
+ * millisecond. */
+void cd_waiter_on_visit(bool (*fn)(struct cd_ctx *c));
+/* Wakes the waiter if it sleeps for want of work (a context left work for
+ * the visit above). Does not wait. */
+void cd_waiter_poke(void);
+
 /* A device free was issued for r (its fence event already given back):
  * the waiter settles it. c entered. Does not wait. */
 void cd_waiter_add(struct cd_ctx *c, struct cd_record *r);

@@ -486,6 +486,14 @@ static CUresult ctx_synchronize(CUcontext h)
         return td_leave(c->sticky);
     struct td_deps deps = { 0 };
     td_ctx_snapshot(c, &deps);
+    /* The real driver's synchronisation waits for the context's own work,
+     * and for another context's only where that work waits for it (a
+     * stream wait on another context's event): counted, so that tests can
+     * tell whose work a synchronisation waited for. */
+    if (td_deps_reach_foreign(&deps, td_ctx_root(c))) {
+        td.foreign_syncs++;
+        td_tls.foreign_syncs++;
+    }
     td_host_sync(&deps);
     return td_leave(c->sticky);
 }

@@ -314,6 +314,42 @@ void td_wait_deps(const struct td_deps *d)
     td_block_until(deps_done_cb, (void *)d);
 }
 
+bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
+{
+    /* Breadth first over (stream, seq) points, each stream explored once
+     * up to the greatest seq asked of it. */
+    struct td_deps todo = { 0 }, seen = { 0 };
+    for (size_t i = 0; i < d->n; i++)
+        td_deps_add(&todo, d->v[i].s, d->v[i].seq);
+    bool foreign = false;
+    for (size_t i = 0; i < todo.n && !foreign; i++) {
+        struct td_dep p = todo.v[i];
+        if (dep_done(&p))
+            continue;
+        if (td_ctx_root(p.s->h.ctx) != root) {
+            foreign = true;
+            break;
+        }
+        uint64_t from = 0;
+        for (size_t k = 0; k < seen.n; k++)
+            if (seen.v[k].s == p.s)
+                from = seen.v[k].seq;
+        if (from >= p.seq)
+            continue;
+        td_deps_add(&seen, p.s, p.seq);
+        for (struct td_op *op = p.s->head; op && op->seq <= p.seq; op = op->next) {
+            if (op->seq <= from)
+                continue;
+            for (size_t k = 0; k < op->deps.n; k++)
+                if (!dep_done(&op->deps.v[k]))
+                    td_deps_add(&todo, op->deps.v[k].s, op->deps.v[k].seq);
+        }
+    }
+    td_deps_free(&todo);
+    td_deps_free(&seen);
+    return foreign;
+}
+
 void td_host_sync(struct td_deps *d)
 {
     td_wait_deps(d);

@@ -227,6 +227,10 @@ static size_t read_size(const size_t *p)
 
 TD_EXPORT uint64_t testdrv_faults(void) { return read_u64(&td.faults); }
 
+TD_EXPORT uint64_t testdrv_foreign_syncs(void) { return read_u64(&td.foreign_syncs); }
+
+TD_EXPORT uint64_t testdrv_thread_foreign_syncs(void) { return td_tls.foreign_syncs; }
+
 TD_EXPORT size_t testdrv_live(enum testdrv_kind kind)
 {
     return (unsigned)kind < TESTDRV_KIND_COUNT ? read_size(&td.live[kind]) : 0;

@@ -313,6 +313,7 @@ struct td_state {
     size_t live_bytes[TESTDRV_KIND_COUNT];
     size_t pending_device_bytes;  /* testdrv_pending_free_bytes */
     uint64_t faults;
+    uint64_t foreign_syncs;    /* testdrv_foreign_syncs */
     uint64_t dead_calls;
     uint64_t invalidated;
     uint64_t next_id;
@@ -333,6 +334,7 @@ struct td_tls {
     CUstreamCaptureMode mode;  /* cuThreadExchangeStreamCaptureMode */
     uint64_t blocked_ns;
     uint64_t wait_calls;
+    uint64_t foreign_syncs;
 };
 
 extern _Thread_local struct td_tls td_tls;
@@ -420,6 +422,11 @@ void td_wait_deps(const struct td_deps *d);
  * gives back the stream-ordered frees it covers (td_pending_cover), then
  * frees d. */
 void td_host_sync(struct td_deps *d);
+
+/* Whether the unfinished work d stands for waits, through the dependencies
+ * of its ops (stream waits, legacy-stream rules, cuCtxWaitEvent), for
+ * unfinished work of a stream whose context's root is not root. Lock held. */
+bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root);
 
 /* Adds bytes to the live counters of a kind (negative to remove). */
 void td_live_add(enum testdrv_kind kind, long count, long long bytes);

@@ -926,6 +926,44 @@ Test(deadlock, waiting_release_blocks_until_spin_kernel_is_released, .timeout = 
     CU_OK(cuStreamSynchronize(a));
 }
 
+/* A synchronisation waits for another context's work only where its own
+ * work waits for it on the GPU: counted (testdrv_foreign_syncs), so that
+ * tests can tell. Two contexts of one device; a kernel in the second spins
+ * until a timer sets the flag. */
+Test(deadlock, synchronisation_counts_another_contexts_work, .timeout = 10)
+{
+    CUcontext first = ctx_setup(), second;
+    CU_OK(cuCtxCreate(&second, NULL, 0, 0));
+    CUstream spin = stream_new(CU_STREAM_NON_BLOCKING);
+    spin_flag = 0;
+    CU_OK(testdrv_launch_spin(spin, &spin_flag));
+    CUevent after_spin = event_new();
+    CU_OK(cuEventRecord(after_spin, spin));
+
+    /* The first context's own work only: not counted, and no wait. */
+    CU_OK(cuCtxSetCurrent(first));
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    uint64_t f0 = testdrv_foreign_syncs(), t0 = testdrv_thread_foreign_syncs();
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(testdrv_foreign_syncs(), f0);
+    cr_assert_eq(spin_flag, 0);
+
+    /* A stream of the first waits for the spinning kernel: counted. */
+    CU_OK(cuStreamWaitEvent(s, after_spin, 0));
+    pthread_t timer;
+    cr_assert_eq(pthread_create(&timer, NULL, set_flag_later, NULL), 0);
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(spin_flag, 1, "the synchronisation returned before the kernel it waits for");
+    cr_assert_eq(testdrv_foreign_syncs(), f0 + 1);
+    cr_assert_eq(testdrv_thread_foreign_syncs(), t0 + 1);
+    pthread_join(timer, NULL);
+
+    /* Once that work has finished, nothing is counted. */
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(testdrv_foreign_syncs(), f0 + 1);
+    CU_OK(cuCtxDestroy(second));
+}
+
 /* ------------------------------------------------------------------ */
 /* 10. Error codes                                                     */
 

@@ -205,6 +205,15 @@ uint64_t testdrv_thread_blocked_ns(void);
 /* Kernel touches of memory that was not live (use after free). */
 uint64_t testdrv_faults(void);
 
+/* cuCtxSynchronize* calls (all threads, and the calling thread's) that, when
+ * made, had to wait for unfinished work of another context: work of the
+ * synchronised context waited, on the GPU, for work of a stream of another
+ * context (a device context and its green contexts count as one). The real
+ * driver waits there too; a program that did not make such a stream wait
+ * itself sees a synchronisation wait for work it did not ask for. */
+uint64_t testdrv_foreign_syncs(void);
+uint64_t testdrv_thread_foreign_syncs(void);
+
 /* Live objects of a kind, and their bytes (0 for kinds without a size). */
 size_t testdrv_live(enum testdrv_kind kind);
 size_t testdrv_live_bytes(enum testdrv_kind kind);
