@@ -60,6 +60,9 @@
  * Invariants, after every operation:
  *  - testdrv_dead_context_calls() == 0: no call named a destroyed context;
  *  - testdrv_faults() == 0: no kernel touched memory that was not live;
+ *  - a cuCtxSynchronize did not have to wait for unfinished work of another
+ *    context (testdrv_thread_foreign_syncs): the program makes no stream
+ *    wait for another context's work, so only the engine's fences could;
  *  - every call returns what the driver alone would return to this program:
  *    CUDA_SUCCESS, except what the program causes itself (a capture it
  *    invalidated ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a stream
@@ -784,9 +787,15 @@ static void synchronize(struct worker *w)
     CUresult rc;
     if (how == 0) {
         hx_begin(&w->t, "cuCtxSynchronize in %s", c->name);
+        uint64_t foreign = testdrv_thread_foreign_syncs();
         rc = cuCtxSynchronize();
         hx_end(&w->t, rc);
         expect(w, "cuCtxSynchronize", rc, CUDA_SUCCESS);
+        /* The program never makes a stream wait for another context's
+         * work: neither may the engine's fences. */
+        if (testdrv_thread_foreign_syncs() != foreign)
+            hx_fail(&w->t, "sync-foreign", "cuCtxSynchronize in %s waited for unfinished work "
+                    "of another context", c->name);
         return;
     }
     if (stream_capturing(w, which))

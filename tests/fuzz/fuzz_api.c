@@ -22,8 +22,11 @@
  * pointers, objects of destroyed contexts.
  *
  * Checked after every operation:
- *  - no kernel touched memory that was not live (testdrv_faults() == 0) and
- *    the stream captures invalidated are those the program invalidated;
+ *  - no kernel touched memory that was not live (testdrv_faults() == 0),
+ *    no synchronisation waited for another context's unfinished work
+ *    (testdrv_foreign_syncs: the program makes no stream wait across
+ *    contexts), and the stream captures invalidated are those the program
+ *    invalidated;
  *  - while a kernel that waits for the host runs in every context, no call
  *    that cudefer promises never waits waited (the table of
  *    tests/property.c; see "kernels that wait for the host" below);
@@ -211,6 +214,7 @@ static bool pre125;          /* TESTDRIVER_VERSION below 12050 */
 static bool touched_dead;    /* the program itself named a destroyed context */
 static uint64_t dead_calls_before;
 static uint64_t invalidated_before, invalidated_expected; /* captures the program invalidated */
+static uint64_t foreign_before; /* testdrv_foreign_syncs at the input's start */
 static CUgraph kept_graph;   /* from a capture, for cuStreamBeginCaptureToGraph */
 
 enum cur { CUR_NONE, CUR_LIVE, CUR_DEAD };
@@ -303,6 +307,9 @@ static void check_always(void)
     if (testdrv_faults())
         FAIL("a kernel touched memory that was not live (%llu faults)",
              (unsigned long long)testdrv_faults());
+    /* The program makes no stream wait for another context's work. */
+    if (testdrv_foreign_syncs() != foreign_before)
+        FAIL("a synchronisation waited for unfinished work of another context");
     uint64_t invalidated = testdrv_invalidated_captures() - invalidated_before;
     if (invalidated != invalidated_expected)
         FAIL("%llu stream captures were invalidated, the program invalidated %llu",
@@ -1682,6 +1689,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     touched_dead = false;
     dead_calls_before = testdrv_dead_context_calls();
     invalidated_before = testdrv_invalidated_captures();
+    foreign_before = testdrv_foreign_syncs();
     invalidated_expected = 0;
     memset(spin_of, 0, sizeof spin_of);
     memset(spin_stream, 0, sizeof spin_stream);
