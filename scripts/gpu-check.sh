@@ -24,7 +24,8 @@
 #
 # The checks (GPU_CHECK_ONLY names them): doors, stall, hazards, deadlock,
 # oom, conform, capture (1-7), and registered, hidden-wait, teardown-race,
-# oom-concurrent, capture-ptsz, green, primary-unseen, sticky, quiet (8-16;
+# oom-concurrent, capture-ptsz, green, primary-unseen, sticky, quiet,
+# contexts (8-17;
 # each a program of tests/gpu run without and with cudefer; see
 # tests/gpu/README.md), and libs (the CUDA libraries' handle and plan
 # destruction, without and with cudefer, one program per library in
@@ -172,7 +173,7 @@ build_shim() {
 
 # The driver-API programs of tests/gpu, each built on its own.
 PROGRAMS="stall hazard deadlock oom conform capture doors_drv registered hidden_wait
-    teardown_race oom_concurrent capture_ptsz green primary_unseen sticky"
+    teardown_race oom_concurrent capture_ptsz green primary_unseen sticky multigpu"
 
 build_programs() {
     local p
@@ -373,6 +374,18 @@ check_primary_unseen() {
     local v
     for v in twice reset; do
         run_both primary-unseen "$v" 20 -- "$BIN/primary_unseen" "$v"
+    done
+}
+
+# A second context of the GPU writes memory of the primary context (managed,
+# portable mapped pinned) while the primary context releases it, and, in the
+# _sync cases, synchronises right after (tests/gpu/multigpu.c). Without
+# cudefer the writer faults (its context dies), so these run late too.
+check_contexts() {
+    say "== 17. contexts"
+    local c
+    for c in ctx_managed ctx_managed_sync ctx_hostmap ctx_hostmap_sync; do
+        run_both contexts "$c" 20 -- "$BIN/multigpu" "$c"
     done
 }
 
@@ -581,6 +594,7 @@ wanted primary-unseen && check_primary_unseen
 wanted libs && check_libs
 wanted quiet && check_quiet
 wanted sticky && check_sticky
+wanted contexts && check_contexts
 wanted hazards && check_hazard_control
 
 {

@@ -35,11 +35,26 @@
  *                 bare cuMemFreeAsync on a stream of device 0 followed by a
  *                 synchronisation of that stream: expected to fault, which
  *                 shows that the check can fail
+ *   ctx_managed, ctx_managed_sync, ctx_hostmap, ctx_hostmap_sync
+ *                 as managed, managed_sync, hostmap and hostmap with the
+ *                 synchronisation, on ONE GPU: the writer runs in a second
+ *                 context of device 0 (cuCtxCreate), which reaches managed
+ *                 and portable mapped pinned memory with no peer access
+ *                 (scripts/gpu-check.sh, check 17). Without the shim the
+ *                 driver's release waits for its own context only (the
+ *                 writer faults); with it, the release waits for neither,
+ *                 and neither does the synchronisation of device 0's
+ *                 primary context right after it (sync0_ms,
+ *                 writer_after_sync0=1), while the memory stays until the
+ *                 writer has ended
  *
  * prints:
  *   RESULT multigpu case=<c> devices=<n> peer=<0|1> release_rc=<code>
- *          release_ms=<ms> writer_running=<0|1> sync1_rc=<code>
- *          sync0_rc=<code> fault=<0|1> cudefer=<0|1>
+ *          release_ms=<ms> writer_running=<0|1> sync0_ms=<ms>
+ *          writer_after_sync0=<0|1> sync1_rc=<code> sync0_rc=<code>
+ *          fault=<0|1> cudefer=<0|1> simulated=<0|1>
+ * (sync0_ms and writer_after_sync0 are of the synchronisation right after
+ * the release, in the _sync cases; -1 otherwise)
  * or, without two devices that can reach each other:
  *   RESULT multigpu case=<c> devices=<n> peer=<0|1> skipped=1
  */
@@ -60,16 +75,21 @@ struct test {
     bool flush;    /* cudefer_flush right after the release */
     bool sync0;    /* cuCtxSynchronize in device 0's context right after */
     bool unsafe;   /* the control */
+    bool same;     /* one GPU: the writer in a second context of device 0 */
 };
 
 static const struct test tests[] = {
-    {"peer", DEVICE, false, false, false, false},
-    {"peer_legacy", DEVICE, true, false, false, false},
-    {"peer_flush", DEVICE, false, true, false, false},
-    {"managed", MANAGED, false, false, false, false},
-    {"managed_sync", MANAGED, false, false, true, false},
-    {"hostmap", HOSTMAP, false, false, false, false},
-    {"unsafe", DEVICE, false, false, false, true},
+    {"peer", DEVICE, false, false, false, false, false},
+    {"peer_legacy", DEVICE, true, false, false, false, false},
+    {"peer_flush", DEVICE, false, true, false, false, false},
+    {"managed", MANAGED, false, false, false, false, false},
+    {"managed_sync", MANAGED, false, false, true, false, false},
+    {"hostmap", HOSTMAP, false, false, false, false, false},
+    {"unsafe", DEVICE, false, false, false, true, false},
+    {"ctx_managed", MANAGED, false, false, false, false, true},
+    {"ctx_managed_sync", MANAGED, false, false, true, false, true},
+    {"ctx_hostmap", HOSTMAP, false, false, false, false, true},
+    {"ctx_hostmap_sync", HOSTMAP, false, false, true, false, true},
 };
 
 /* The peer-access calls, looked up so that scripts/gpu-multi.sh can smoke-
@@ -104,20 +124,20 @@ int main(int argc, char **argv)
             t = &tests[i];
     if (!t)
         gc_die("usage: multigpu <peer|peer_legacy|peer_flush|managed|managed_sync|hostmap|"
-               "unsafe>");
+               "unsafe|ctx_managed|ctx_managed_sync|ctx_hostmap|ctx_hostmap_sync>");
 
     GC_CHECK(cuInit(0));
     int ndev = 0, can01 = 0, can10 = 0;
     GC_CHECK(cuDeviceGetCount(&ndev));
     CUdevice dev0 = 0, dev1 = 1;
-    if (ndev >= 2) {
+    if (ndev >= 2 && !t->same) {
         GC_CHECK(cuDeviceGet(&dev0, 0));
         GC_CHECK(cuDeviceGet(&dev1, 1));
         GC_CHECK(can_access(&can01, dev0, dev1));
         GC_CHECK(can_access(&can10, dev1, dev0));
     }
     bool peer = can01 && can10;
-    if (ndev < 2 || !peer) {
+    if (!t->same && (ndev < 2 || !peer)) {
         printf("RESULT multigpu case=%s devices=%d peer=%d skipped=1\n", t->name, ndev, peer);
         return 0;
     }
@@ -133,9 +153,13 @@ int main(int argc, char **argv)
 
     CUcontext ctx0, ctx1;
     GC_CHECK(cuDevicePrimaryCtxRetain(&ctx0, dev0));
-    GC_CHECK(cuDevicePrimaryCtxRetain(&ctx1, dev1));
-    enable_peer(ctx0, ctx1);
-    enable_peer(ctx1, ctx0);
+    if (t->same) {
+        GC_CHECK(cuCtxCreate(&ctx1, NULL, 0, dev0));
+    } else {
+        GC_CHECK(cuDevicePrimaryCtxRetain(&ctx1, dev1));
+        enable_peer(ctx0, ctx1);
+        enable_peer(ctx1, ctx0);
+    }
 
     /* Device 1: the writer's stream and function. */
     GC_CHECK(cuCtxSetCurrent(ctx1));
@@ -204,8 +228,16 @@ int main(int argc, char **argv)
     if (t->flush)
         gc_cudefer_flush();
     CUresult early0 = CUDA_SUCCESS;
-    if (t->sync0)
+    double sync0_ms = -1;
+    int after_sync0 = -1;
+    if (t->sync0) {
+        double s0 = gc_now_ms();
         early0 = cuCtxSynchronize();
+        sync0_ms = gc_now_ms() - s0;
+        GC_CHECK(cuCtxSetCurrent(ctx1));
+        after_sync0 = cuStreamQuery(s1) == CUDA_ERROR_NOT_READY;
+        GC_CHECK(cuCtxSetCurrent(ctx0));
+    }
 
     GC_CHECK(cuCtxSetCurrent(ctx1));
     CUresult sync1 = cuCtxSynchronize();
@@ -214,11 +246,13 @@ int main(int argc, char **argv)
     if (early0 != CUDA_SUCCESS)
         sync0 = early0;
 
-    printf("RESULT multigpu case=%s devices=%d peer=1 release_rc=%s release_ms=%.4f "
-           "writer_running=%d",
-           t->name, ndev, gc_rc(rc), release_ms, (int)running);
-    printf(" sync1_rc=%s sync0_rc=%s fault=%d cudefer=%d\n", gc_rc(sync1), gc_rc(sync0),
-           sync1 != CUDA_SUCCESS || sync0 != CUDA_SUCCESS, gc_cudefer_loaded());
+    printf("RESULT multigpu case=%s devices=%d peer=%d release_rc=%s release_ms=%.4f "
+           "writer_running=%d sync0_ms=%.4f writer_after_sync0=%d",
+           t->name, ndev, (int)peer, gc_rc(rc), release_ms, (int)running, sync0_ms,
+           after_sync0);
+    printf(" sync1_rc=%s sync0_rc=%s fault=%d cudefer=%d simulated=%d\n", gc_rc(sync1),
+           gc_rc(sync0), sync1 != CUDA_SUCCESS || sync0 != CUDA_SUCCESS, gc_cudefer_loaded(),
+           gc_test_driver());
     fflush(stdout);
     if (sync1 != CUDA_SUCCESS || sync0 != CUDA_SUCCESS)
         return 0; /* a context is dead: nothing more to release */
@@ -234,7 +268,10 @@ int main(int argc, char **argv)
     GC_CHECK(cuCtxSetCurrent(NULL));
     if (lib)
         GC_CHECK(cuLibraryUnload(lib));
-    GC_CHECK(cuDevicePrimaryCtxRelease(dev1));
+    if (t->same)
+        GC_CHECK(cuCtxDestroy(ctx1));
+    else
+        GC_CHECK(cuDevicePrimaryCtxRelease(dev1));
     GC_CHECK(cuDevicePrimaryCtxRelease(dev0));
     return 0;
 }

@@ -157,7 +157,8 @@ SUMMARY_OF_CHECK = {"doors": ("doors",), "stall": ("stall",), "hazards": ("hazar
                     "hidden-wait": ("hidden-wait",), "teardown-race": ("teardown-race",),
                     "oom-concurrent": ("oom-concurrent",), "capture-ptsz": ("capture-ptsz",),
                     "green": ("green",), "primary-unseen": ("primary-unseen",),
-                    "sticky": ("sticky",), "quiet": ("quiet",), "libs": ("libs",)}
+                    "sticky": ("sticky",), "quiet": ("quiet",), "libs": ("libs",),
+                    "contexts": ("contexts",)}
 
 
 class Summary:
@@ -682,6 +683,52 @@ def report_hidden_wait(res, summary):
                      fmt_ms(worst), HIDDEN_WAIT_MS))
 
 
+CONTEXTS_CASES = ("ctx_managed", "ctx_managed_sync", "ctx_hostmap", "ctx_hostmap_sync")
+CONTEXTS_WRITER_MS = 400.0  # tests/gpu/multigpu.c
+
+
+def report_contexts(res, summary):
+    rows, verdicts, worst_sync = [], [], 0.0
+    for case in CONTEXTS_CASES:
+        for mode in ("none", "shim"):
+            r = res.one("multigpu", mode=mode, case=case)
+            run = res.run_status("contexts", mode, case)
+            if r is None:
+                rows.append((case, MODE_TITLES[mode], run, "-", "-", "-", "-", "-", "-"))
+                if mode == "shim":
+                    verdicts.append(verdict_of([], None, run))
+                continue
+            v = "recorded"
+            if mode == "shim":
+                problems = []
+                if r.get("release_rc") != "CUDA_SUCCESS":
+                    problems.append("the release failed")
+                if r.get("writer_running") != "1":
+                    problems.append("the writer had finished")
+                if r.get("fault") != "0":
+                    problems.append("the writer faulted")
+                if num(r, "release_ms", 1e9) >= CONTEXTS_WRITER_MS / 2:
+                    problems.append("the release waited")
+                if case.endswith("_sync"):
+                    if r.get("writer_after_sync0") != "1":
+                        problems.append("the synchronisation waited for the other context")
+                    worst_sync = max(worst_sync, num(r, "sync0_ms", 0.0))
+                v = verdict_of(problems, r, run, simulated(r))
+                verdicts.append(v)
+            sync0 = num(r, "sync0_ms", -1.0)
+            rows.append((case, MODE_TITLES[mode], r.get("release_rc"), fmt_ms(num(r, "release_ms")),
+                         fmt_ms(sync0) if sync0 >= 0 else "-",
+                         r.get("writer_after_sync0") if sync0 >= 0 else "-",
+                         r.get("sync1_rc"), r.get("fault"), v))
+    table("contexts: a second context of the GPU writes memory of the primary context "
+          "(400 ms) while the primary context releases it (and synchronises, _sync)",
+          ("case", "mode", "release rc", "release ms", "sync ms", "writer after sync",
+           "writer's context", "fault", "verdict"), rows)
+    add_verdicts(summary, "contexts", verdicts,
+                 "shim: 0 faults wanted, the primary context's synchronisation took at most "
+                 "%s ms with the writer still running" % fmt_ms(worst_sync))
+
+
 def report_teardown_race(res, summary):
     rows, verdicts = [], []
     for mode in ("none", "shim"):
@@ -1090,7 +1137,8 @@ def main():
                  report_deadlock, report_oom, report_conform, report_capture,
                  report_registered, report_hidden_wait, report_teardown_race,
                  report_oom_concurrent, report_capture_ptsz, report_green,
-                 report_primary_unseen, report_sticky, report_quiet, report_libs):
+                 report_primary_unseen, report_sticky, report_contexts, report_quiet,
+                 report_libs):
         try:
             step(res, summary)
         except Exception as e:  # one broken table must not hide the others
