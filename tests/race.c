@@ -15,7 +15,9 @@
  * RACE_KEEP_GOING=1 (report every failure, not only the first),
  * RACE_TIMEOUT (seconds; default one per 500 operations, at least 120),
  * RACE_SKIP (a comma-separated list of what to leave out, to narrow a
- * failure down: green, own, role, reset, capture, flush, register),
+ * failure down: green, own, role, reset, capture, flush, register; without
+ * captures, kernels of one shared context also write memory of the other:
+ * the meson test race-across),
  * RACE_DRIVER_ALONE=1
  * (run without the shim, whose cudefer_flush is then skipped: the driver
  * alone meets every invariant, which checks the harness itself).
@@ -37,6 +39,10 @@
  * (testdrv_launch) that write what the thread holds, on its streams, the
  * legacy stream and CU_STREAM_PER_THREAD, and cuLaunchKernel_ptsz of a
  * function of a module or library it holds; stream destruction and creation;
+ * kernels of the other shared context that write memory the thread holds
+ * in its home context, some of them 20-40 ms long (runs without captures:
+ * race-across); a block released and one of the same kind, size and flags
+ * allocated right after (what frameworks do, and what reuse serves);
  * cuCtxSynchronize, stream and event synchronisation, stream queries;
  * cudefer_flush; stream captures of every kind of stream handle (a created
  * stream; CU_STREAM_PER_THREAD; stream 0 through cuStreamBeginCapture_ptsz
@@ -60,6 +66,11 @@
  * Invariants, after every operation:
  *  - testdrv_dead_context_calls() == 0: no call named a destroyed context;
  *  - testdrv_faults() == 0: no kernel touched memory that was not live;
+ *  - reuse-early: an allocation of memory returns no range that a kernel
+ *    submitted before its release (in any context) still writes. The
+ *    writers of memory of the shared contexts are tracked with an event
+ *    recorded after each, and a release hands them to a table that the
+ *    allocations returning an overlapping range check;
  *  - a cuCtxSynchronize did not have to wait for unfinished work of another
  *    context (testdrv_thread_foreign_syncs): the program makes no stream
  *    wait for another context's work, so only the engine's fences could;
@@ -204,6 +215,8 @@ struct obj {
     bool read_only;       /* registered with CU_MEMHOSTREGISTER_READ_ONLY */
     CUstream ev_stream[EVENTS];
     CUevent ev[EVENTS];   /* recorded after the last write on that stream */
+    struct hx_ctx *ev_ctx[EVENTS]; /* the context of each event */
+    unsigned flags;       /* cuMemAllocManaged's or cuMemHostAlloc's */
     CUfunction fn;        /* module or library: a function in fn_ctx */
     struct hx_ctx *fn_ctx;
 };
@@ -294,6 +307,9 @@ struct worker {
     enum pstate page_state[REG_PAGES];
     struct capture cap;
     CUgraph graph;        /* kept from a capture, for cuStreamBeginCaptureToGraph */
+    CUstream across;      /* a stream of the other shared context (launch_across) */
+    size_t again_size;    /* the next allocation's size and flags (again()) */
+    int again_flags;      /* -1: chosen at random */
     /* statistics */
     unsigned long long allocs, ooms, releases, launches, syncs, swaps, captures[CAP_KINDS],
         invalidations, spans[4], resets, flushes;
@@ -311,6 +327,9 @@ static _Atomic long program_events;
 /* RACE_SKIP: parts of the program left out. */
 static bool skip_green, skip_own, skip_role, skip_reset, skip_capture, skip_flush,
     skip_register;
+/* Kernels of one shared context write memory of the other (launch_across):
+ * with cudefer, in runs without captures. */
+static bool across_on;
 
 static struct hx_ctx *cur(struct worker *w)
 {
@@ -364,6 +383,11 @@ static void check_always(struct worker *w)
 
 static size_t pick_size(struct worker *w)
 {
+    if (w->again_size) {
+        size_t n = w->again_size;
+        w->again_size = 0;
+        return n;
+    }
     static const size_t sizes[] = {4096, 4096, 16384, 65536, 65536, 262144};
     unsigned i = hx_below(&w->t, 32);
     return i < 31 ? sizes[i % 6] : (size_t)1 << 20;
@@ -396,6 +420,94 @@ static void set_canaries(struct worker *w, const struct obj *o)
     }
 }
 
+/* ---- blocks handed back while a kernel still writes them ----------------------------- */
+
+/* The writers' events of released memory, until an allocation hands out an
+ * overlapping range (then they must all have completed: nothing submitted
+ * before a release may still write a block that an allocation returns) or
+ * the table is full (the oldest go unchecked). Events live in the shared
+ * contexts, which last the whole run. */
+#define RELEASED 1024
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct released {
+    uintptr_t lo, hi;
+    char what[64];
+    CUevent ev[EVENTS];
+} released_tab[RELEASED];
+static size_t released_n;
+static unsigned long long reuse_checked;
+
+static void destroy_event(CUevent ev)
+{
+    if (ev && cuEventDestroy(ev) == CUDA_SUCCESS)
+        atomic_fetch_sub(&program_events, 1);
+}
+
+/* Under released_lock. */
+static void released_drop(size_t i)
+{
+    for (int k = 0; k < EVENTS; k++)
+        destroy_event(released_tab[i].ev[k]);
+    released_tab[i] = released_tab[--released_n];
+}
+
+/* o is released: its writers' events (of non-registered memory) go to the
+ * table. */
+static void released_note(struct obj *o)
+{
+    bool any = false;
+    for (int k = 0; k < EVENTS; k++)
+        any |= o->ev[k] != NULL;
+    if (!any)
+        return;
+    pthread_mutex_lock(&released_lock);
+    if (released_n == RELEASED)
+        released_drop(0);
+    struct released *r = &released_tab[released_n++];
+    r->lo = o->h;
+    r->hi = o->h + (o->size ? o->size : 1);
+    snprintf(r->what, sizeof r->what, "%s %#lx", kinds[o->kind].alloc, (unsigned long)o->h);
+    for (int k = 0; k < EVENTS; k++) {
+        r->ev[k] = o->ev[k];
+        o->ev[k] = NULL;
+        o->ev_stream[k] = NULL;
+        o->ev_ctx[k] = NULL;
+    }
+    pthread_mutex_unlock(&released_lock);
+}
+
+/* An allocation returned o: every kernel submitted before the release of
+ * memory it overlaps has completed. */
+static void released_check(struct worker *w, const struct obj *o)
+{
+    uintptr_t lo = o->h, hi = o->h + (o->size ? o->size : 1);
+    pthread_mutex_lock(&released_lock);
+    for (size_t i = 0; i < released_n;) {
+        struct released *r = &released_tab[i];
+        if (r->hi <= lo || hi <= r->lo) {
+            i++;
+            continue;
+        }
+        for (int k = 0; k < EVENTS; k++)
+            if (r->ev[k] && cuEventQuery(r->ev[k]) == CUDA_ERROR_NOT_READY)
+                hx_fail(&w->t, "reuse-early",
+                        "%s returned %#lx, which overlaps %s, released while a kernel "
+                        "submitted before its release (in any context) still writes it",
+                        kinds[o->kind].alloc, (unsigned long)o->h, r->what);
+        reuse_checked++;
+        released_drop(i);
+    }
+    pthread_mutex_unlock(&released_lock);
+}
+
+static void released_clear(void)
+{
+    pthread_mutex_lock(&released_lock);
+    while (released_n)
+        released_drop(released_n - 1);
+    pthread_mutex_unlock(&released_lock);
+}
+
 /* Drops a registration's events (dead with its context when !alive). */
 static void drop_events(struct obj *o, bool alive)
 {
@@ -404,6 +516,7 @@ static void drop_events(struct obj *o, bool alive)
             atomic_fetch_sub(&program_events, 1);
         o->ev[i] = NULL;
         o->ev_stream[i] = NULL;
+        o->ev_ctx[i] = NULL;
     }
 }
 
@@ -422,6 +535,28 @@ static void check_writers_done(struct worker *w, struct obj *o)
         else
             expect(w, "cuEventQuery", rc, CUDA_SUCCESS);
     }
+}
+
+/* Records, after a kernel that writes o on stream s of context c, the
+ * event of o's slot (one of another context is made anew). */
+static void record_writer(struct worker *w, struct obj *o, int slot, CUstream s,
+                          struct hx_ctx *c)
+{
+    if (o->ev[slot] && o->ev_ctx[slot] != c) {
+        destroy_event(o->ev[slot]);
+        o->ev[slot] = NULL;
+    }
+    if (!o->ev[slot]) {
+        if (!expect(w, "cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
+                    CUDA_SUCCESS)) {
+            o->ev[slot] = NULL;
+            return;
+        }
+        atomic_fetch_add(&program_events, 1);
+    }
+    o->ev_stream[slot] = s;
+    o->ev_ctx[slot] = c;
+    expect(w, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
 }
 
 /* The slot of o's events for stream s (the same stream's slot, or a free
@@ -596,12 +731,18 @@ static void allocate(struct worker *w, enum okind k)
         if (k == K_DEVICE || k == K_MANAGED) {
             CUdeviceptr p = 0;
             unsigned flags = hx_below(&w->t, 2) ? CU_MEM_ATTACH_GLOBAL : CU_MEM_ATTACH_HOST;
+            if (w->again_flags >= 0)
+                flags = (unsigned)w->again_flags;
+            o.flags = flags;
             hx_begin(&w->t, "%s(%zu) in %s", kinds[k].alloc, n, c->name);
             rc = k == K_DEVICE ? cuMemAlloc(&p, n) : cuMemAllocManaged(&p, n, flags);
             o.h = (uintptr_t)p;
         } else {
             void *p = NULL;
             unsigned flags = hx_below(&w->t, 8);
+            if (w->again_flags >= 0)
+                flags = (unsigned)w->again_flags;
+            o.flags = flags;
             hx_begin(&w->t, "%s(%zu, %#x) in %s", kinds[k].alloc, n, flags, c->name);
             rc = k == K_HOST ? cuMemAllocHost(&p, n) : cuMemHostAlloc(&p, n, flags);
             o.h = (uintptr_t)p;
@@ -616,6 +757,8 @@ static void allocate(struct worker *w, enum okind k)
     if (k == K_REGISTERED)
         for (int p = o.page; p < o.page + o.npages; p++)
             w->page_state[p] = PAGE_REGISTERED;
+    else if (kinds[k].memory)
+        released_check(w, &o);
     w->held[w->nheld++] = o;
     w->allocs++;
 }
@@ -654,9 +797,37 @@ static void release(struct worker *w, int i)
         check_writers_done(w, &o);
         drop_events(&o, true);
         set_canaries(w, &o);
+    } else if (rc == CUDA_SUCCESS) {
+        released_note(&o);
     }
     acct_release(kinds[o.kind].cls, o.bytes);
     w->releases++;
+}
+
+/* The program's common pattern: a block released and one of the same kind,
+ * size and flags allocated right after (which cudefer may serve with the
+ * released block, or another one it holds). Checked by reuse-early. */
+static void again(struct worker *w)
+{
+    int pick = -1;
+    for (int tries = 0; tries < 4 && pick < 0 && w->nheld; tries++) {
+        int i = (int)hx_below(&w->t, (unsigned)w->nheld);
+        enum okind k = w->held[i].kind;
+        if ((k == K_DEVICE || k == K_MANAGED || k == K_HOST || k == K_HOSTALLOC) &&
+            w->held[i].ctx == cur(w))
+            pick = i;
+    }
+    if (pick < 0) {
+        allocate(w, K_DEVICE);
+        return;
+    }
+    struct obj o = w->held[pick];
+    release(w, pick);
+    w->again_size = o.size;
+    w->again_flags = (int)o.flags;
+    allocate(w, o.kind);
+    w->again_size = 0;
+    w->again_flags = -1;
 }
 
 /* The objects of a context that its destruction freed: forgotten. */
@@ -751,7 +922,11 @@ static void launch(struct worker *w)
     if (n < w->nheld && kinds[w->held[n].kind].memory && w->held[n].ctx == c)
         o = &w->held[n];
     int slot = -1;
-    if (o && o->kind == K_REGISTERED && !captured && (slot = event_slot(o, s)) < 0)
+    /* Its writers are tracked in events: a registration's anywhere, other
+     * memory's in the shared contexts (whose events last the run). */
+    bool track = o && !captured && (o->kind == K_REGISTERED || c == &slot_primary ||
+                                    c == &slot_user);
+    if (track && (slot = event_slot(o, s)) < 0)
         o = NULL;
     unsigned usec = hx_below(&w->t, 16) ? 1 + hx_below(&w->t, 200) : 500 + hx_below(&w->t, 2500);
     enum testdrv_access access = o && o->read_only ? TESTDRV_READ : TESTDRV_WRITE;
@@ -762,18 +937,66 @@ static void launch(struct worker *w)
                                  o ? access : TESTDRV_NONE);
     hx_end(&w->t, rc);
     expect(w, "testdrv_launch", rc, CUDA_SUCCESS);
-    if (rc == CUDA_SUCCESS && slot >= 0) {
-        if (!o->ev[slot]) {
-            rc = cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING);
-            if (expect(w, "cuEventCreate", rc, CUDA_SUCCESS))
-                atomic_fetch_add(&program_events, 1);
-        }
-        o->ev_stream[slot] = s;
-        rc = cuEventRecord(o->ev[slot], s);
-        expect(w, "cuEventRecord", rc, CUDA_SUCCESS);
-    }
+    if (rc == CUDA_SUCCESS && slot >= 0)
+        record_writer(w, o, slot, s, c);
     if (legacy)
         hx_legacy_exit(c);
+}
+
+/* A kernel of the other shared context writes memory this thread holds in
+ * its home context (on a GPU: peer access, managed or portable memory).
+ * The driver's own releases wait for their own context only, so this runs
+ * with cudefer alone (not RACE_DRIVER_ALONE): its fences cover every
+ * context, and neither a release nor a reuse may let the kernel write a
+ * block the program got back. Only without captures (across_on): what is
+ * released while a capture is live is unfenced, and a flush during the
+ * capture releases it with the driver's own call (README, limits). */
+static void launch_across(struct worker *w)
+{
+    struct hx_ctx *home = w->home, *other = home == &slot_primary ? &slot_user : &slot_primary;
+    struct obj *o = NULL;
+    for (int tries = 0; tries < 3 && !o && w->nheld; tries++) {
+        struct obj *p = &w->held[hx_below(&w->t, (unsigned)w->nheld)];
+        if (kinds[p->kind].memory && p->kind != K_REGISTERED && p->ctx == home)
+            o = p;
+    }
+    if (!o) {
+        launch(w);
+        return;
+    }
+    if (!expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
+        return;
+    if (!w->across && !expect(w, "cuStreamCreate",
+                              cuStreamCreate(&w->across, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS))
+        w->across = NULL;
+    int slot = w->across ? event_slot(o, w->across) : -1;
+    if (slot >= 0) {
+        w->launches++;
+        /* Now and then a long one: the other context's ring of records
+         * then fills with the releases made meanwhile (fence.h). */
+        unsigned r = hx_below(&w->t, 16);
+        unsigned usec = r < 12 ? 1 + hx_below(&w->t, 300)
+                        : r < 15 ? 1 + hx_below(&w->t, 3000) : 20000 + hx_below(&w->t, 20000);
+        hx_begin(&w->t, "testdrv_launch(across, %u us, %s %#lx of %s) in %s", usec,
+                 kinds[o->kind].alloc, (unsigned long)o->h, home->name, other->name);
+        CUresult rc = testdrv_launch(w->across, usec, (CUdeviceptr)o->h, o->size, TESTDRV_WRITE);
+        hx_end(&w->t, rc);
+        if (expect(w, "testdrv_launch", rc, CUDA_SUCCESS))
+            record_writer(w, o, slot, w->across, other);
+    }
+    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
+}
+
+/* The other shared context's stream of launch_across goes (at the end). */
+static void destroy_across(struct worker *w)
+{
+    if (!w->across)
+        return;
+    struct hx_ctx *other = w->home == &slot_primary ? &slot_user : &slot_primary;
+    if (expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
+        expect(w, "cuStreamDestroy", cuStreamDestroy(w->across), CUDA_SUCCESS);
+    w->across = NULL;
+    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
 }
 
 /* ---- synchronisation ----------------------------------------------------------------- */
@@ -1343,6 +1566,10 @@ static void one_operation(struct worker *w)
         begin_span(w);
     } else if (pick < 879 && w->span == SPAN_NONE && !w->cap.live && !skip_reset) {
         reset_op(w);
+    } else if (pick >= 940 && w->span == SPAN_NONE && across_on) {
+        launch_across(w);
+    } else if (pick >= 900 && w->nheld < HELD) {
+        again(w);
     } else {
         launch(w);
     }
@@ -1371,6 +1598,7 @@ static void *worker_main(void *arg)
         release(w, w->nheld - 1);
     for (int i = 0; i < STREAMS; i++)
         destroy_stream(w, i);
+    destroy_across(w);
     if (w->graph)
         cuGraphDestroy(w->graph);
     for (int p = 0; p < REG_PAGES; p++)
@@ -1450,6 +1678,7 @@ int main(int argc, char **argv)
         return 2;
     }
     driver_alone = (env = getenv("RACE_DRIVER_ALONE")) && strcmp(env, "0") != 0;
+    across_on = skip_capture && !driver_alone;
     if (!hx_shim_loaded() && !driver_alone) {
         fprintf(stderr, "race: cudefer_flush is not there: is the shim preloaded?\n");
         return 2;
@@ -1487,6 +1716,7 @@ int main(int argc, char **argv)
         unsigned long long n = (unsigned long long)hx.threads;
         w->t.ops = hx.ops / n + ((unsigned long long)i < hx.ops % n);
         w->home = i % 2 ? &slot_user : &slot_primary;
+        w->again_flags = -1;
         w->pages = mmap(NULL, (size_t)REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (w->pages == MAP_FAILED) {
@@ -1499,6 +1729,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < hx.threads; i++)
         pthread_join(tid[i], NULL);
     double work_s = (double)(hx_now_ns() - t0) / 1e9;
+    released_clear();
 
     /* Everything is released: after a synchronisation and a flush, nothing
      * may be left. */
@@ -1561,6 +1792,8 @@ int main(int argc, char **argv)
     printf("race: spans: %llu own contexts, %llu primary(1), %llu green; %llu resets or last "
            "releases of primary(1)\n", spans[SPAN_OWN], spans[SPAN_ROLE], spans[SPAN_GREEN],
            resets);
+    printf("race: %llu allocations returned memory released before with its writers "
+           "tracked (reuse-early checked)\n", reuse_checked);
     if (hx_failures()) {
         printf("race: FAILED: %u failures (%s)\n", hx_failures(), hx_failed_invariants());
         return 1;

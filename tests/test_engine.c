@@ -1435,6 +1435,50 @@ Test(across, reuse_waits_for_another_contexts_kernel, .timeout = 20)
     cr_expect_eq(testdrv_faults(), 0);
 }
 
+/* More releases than another context's ring holds records for: its newest
+ * record is made again for the later ones, and then stands for every fence
+ * from its first on. A block released while work submitted before it still
+ * runs there is not reused once only the older records have completed. */
+static volatile int ring_first, ring_second;
+
+Test(across, a_full_ring_holds_back_what_its_newest_record_covers, .timeout = 20)
+{
+    CUcontext a, b;
+    two_devices(&a, &b);
+    CU_OK(cuCtxSetCurrent(b));
+    CUstream sb = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(testdrv_launch_spin(sb, &ring_first));
+    CU_OK(cuCtxSetCurrent(a));
+    enum { SMALL = 40, ODD = (1 << 20) + 4096 };
+    CUdeviceptr small[SMALL], odd, again;
+    for (int i = 0; i < SMALL; i++)
+        CU_OK(cuMemAlloc(&small[i], 4096));
+    CU_OK(cuMemAlloc(&odd, ODD));
+    for (int i = 0; i < 31; i++) /* records 1-31 of b's ring: the first kernel */
+        CU_OK(cuMemFree(small[i]));
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(testdrv_launch_spin(sb, &ring_second));
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuMemFree(odd)); /* record 32 fills the ring: both kernels */
+    for (int i = 31; i < SMALL; i++) /* made again into record 32 */
+        CU_OK(cuMemFree(small[i]));
+    ring_first = 1;
+    usleep(30000); /* records 1-31 complete; the second kernel still runs */
+    CU_OK(cuMemAlloc(&again, ODD));
+    cr_expect_neq(again, odd, "reused while the other context's kernel submitted before its "
+                  "release still ran");
+    ring_second = 1;
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxSetCurrent(a));
+    CUdeviceptr later;
+    CU_OK(cuMemAlloc(&later, ODD));
+    cr_expect_eq(later, odd, "not reused once the other context's work ended");
+    CU_OK(cuMemFree(later));
+    CU_OK(cuMemFree(again));
+    CU_OK(cuCtxSynchronize());
+}
+
 /* Without a device cache, a block whose other context's record has not
  * passed waits on the books; the waiter frees it once it has, with no call
  * of the program. */

@@ -559,16 +559,6 @@ static void forget_events(struct cd_ctx *c, const struct cd_driver_ops *ops, boo
     c->finals = NULL;
     c->nstreams = c->cap_streams = c->nfinals = c->cap_finals = 0;
     pthread_mutex_unlock(&c->streams_lock);
-    /* No fence waits for a context that has ended: its work ended with it. */
-    pthread_mutex_lock(&c->far_lock);
-    for (size_t i = 0; i < CD_FAR_RING; i++) {
-        if (alive && c->far[i].event)
-            ops->event_destroy(c->far[i].event);
-        c->far[i].event = NULL;
-    }
-    c->far_head = c->far_n = 0;
-    atomic_store(&c->far_done, UINT64_MAX);
-    pthread_mutex_unlock(&c->far_lock);
 }
 
 void cd_ctx_release(struct cd_ctx *c, bool alive)

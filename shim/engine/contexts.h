@@ -116,11 +116,13 @@ struct cd_ctx {
 
     /* Fences joined on the host (fence.h): records of this context's work
      * made for releases in other contexts, oldest first, each with the
-     * number of its fence; far_done: every fence up to that number has
-     * passed here (UINT64_MAX while the slot serves no context). far_lock
-     * is held for a few calls that do not wait. */
+     * number of the first fence it stands for (a record made again for
+     * later fences keeps it); a marked one is still to be made (the slot
+     * kept walks out at its fence); far_done: every fence up to that number
+     * has passed here (UINT64_MAX while the slot serves no context).
+     * far_lock is held for a few calls that do not wait. */
     pthread_mutex_t far_lock;
-    struct cd_far { uint64_t tag; CUevent event; } far[CD_FAR_RING];
+    struct cd_far { uint64_t first; CUevent event; bool marked; } far[CD_FAR_RING];
     unsigned far_head, far_n;
     _Atomic uint64_t far_done;
 };

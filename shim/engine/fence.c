@@ -2,6 +2,7 @@
  * others' joined on the host. */
 #include "fence.h"
 
+#include "clock.h"
 #include "driver.h"
 #include "log.h"
 
@@ -62,8 +63,10 @@ static CUresult fence_own(struct cd_ctx *c, CUevent *done, bool for_host,
 
 /* Numbers fences and keeps each context's records in their order. */
 static pthread_mutex_t far_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The newest number whose records are all made. */
+/* The newest number whose records are all made or marked. */
 static _Atomic uint64_t far_seq;
+/* Marked records over every slot (still to be made). */
+static _Atomic int far_marks;
 
 /* Records the work submitted so far in o into ev (an event of o). */
 static CUresult record_work(struct cd_ctx *o, CUevent ev, const struct cd_driver_ops *ops)
@@ -77,10 +80,10 @@ static CUresult record_work(struct cd_ctx *o, CUevent ev, const struct cd_driver
 }
 
 /* Drops o's oldest records that have completed (or whose context faulted:
- * it runs nothing more); under o->far_lock. */
+ * it runs nothing more), up to a marked one; under o->far_lock. */
 static void far_pop(struct cd_ctx *o, const struct cd_driver_ops *ops)
 {
-    while (o->far_n > 0 &&
+    while (o->far_n > 0 && !o->far[o->far_head].marked &&
            ops->event_query(o->far[o->far_head].event) != CUDA_ERROR_NOT_READY) {
         o->far_head = (o->far_head + 1) % CD_FAR_RING;
         o->far_n--;
@@ -94,7 +97,7 @@ static void far_refresh(struct cd_ctx *o, const struct cd_driver_ops *ops)
     uint64_t seq = atomic_load_explicit(&far_seq, memory_order_acquire);
     pthread_mutex_lock(&o->far_lock);
     far_pop(o, ops);
-    atomic_store(&o->far_done, o->far_n ? o->far[o->far_head].tag - 1 : seq);
+    atomic_store(&o->far_done, o->far_n ? o->far[o->far_head].first - 1 : seq);
     pthread_mutex_unlock(&o->far_lock);
 }
 
@@ -108,22 +111,48 @@ static CUresult far_event(struct cd_ctx *o, CUevent *ev, const struct cd_driver_
     return rc;
 }
 
-/* Records o's work under number tag; under far_lock, o entered. A full
- * ring records its newest again: that record then stands for the numbers
- * of both, and completes no earlier than the one it replaces. */
-static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops *ops)
+/* o's newest entry, or NULL; under far_lock. */
+static struct cd_far *far_newest(struct cd_ctx *o)
 {
-    pthread_mutex_lock(&o->far_lock);
-    if (o->far_n == CD_FAR_RING)
-        far_pop(o, ops);
-    bool again = o->far_n == CD_FAR_RING;
-    struct cd_far *e = &o->far[(o->far_head + o->far_n - (again ? 1 : 0)) % CD_FAR_RING];
+    return o->far_n ? &o->far[(o->far_head + o->far_n - 1) % CD_FAR_RING] : NULL;
+}
+
+/* Records o's work so far into e (its event made if needed); under
+ * far_lock, o entered. */
+static CUresult far_make(struct cd_ctx *o, struct cd_far *e, const struct cd_driver_ops *ops)
+{
     CUresult rc = e->event ? CUDA_SUCCESS : far_event(o, &e->event, ops);
     if (rc == CUDA_SUCCESS)
         rc = record_work(o, e->event, ops);
+    if (rc == CUDA_SUCCESS && e->marked) {
+        e->marked = false;
+        atomic_fetch_sub(&far_marks, 1);
+    }
+    return rc;
+}
+
+/* Records o's work under number tag; under far_lock, o entered. A marked
+ * newest entry is made now, and stands for tag too. A full ring records
+ * its newest again: that record then stands for every number from its
+ * first to tag, and completes no earlier than the one it replaces (it
+ * covers more work), so the context has passed no number from its first
+ * on until it completes. */
+static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops *ops)
+{
+    pthread_mutex_lock(&o->far_lock);
+    struct cd_far *e = far_newest(o);
+    bool again = e && e->marked;
+    if (!again && o->far_n == CD_FAR_RING)
+        far_pop(o, ops);
+    again = again || o->far_n == CD_FAR_RING;
+    if (!again)
+        e = &o->far[(o->far_head + o->far_n) % CD_FAR_RING];
+    CUresult rc = far_make(o, e, ops);
     if (rc == CUDA_SUCCESS) {
-        e->tag = tag;
-        o->far_n += again ? 0 : 1;
+        if (!again) {
+            e->first = tag;
+            o->far_n++;
+        }
         if (atomic_load(&o->far_done) >= tag)
             atomic_store(&o->far_done, tag - 1);
     }
@@ -136,50 +165,92 @@ static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops 
                                               : "");
 }
 
-struct far_make {
+struct far_fencing {
     struct cd_ctx *c;
     uint64_t tag;
     bool any;
     const struct cd_driver_ops *ops;
 };
 
-static void far_make_one(struct cd_ctx *o, void *arg)
+/* Marks o's record under number tag, to be made once o lets walks in
+ * again (o keeps them out around a primary release: a call on it could
+ * name a context that the release ended). A marked newest entry already
+ * stands for tag; a full ring marks its newest. Makes no driver call. */
+static void far_mark(struct cd_ctx *o, uint64_t tag)
 {
-    struct far_make *m = arg;
-    if (o == m->c)
-        return;
-    far_push(o, m->tag, m->ops);
-    m->any = true;
+    pthread_mutex_lock(&o->far_lock);
+    struct cd_far *e = far_newest(o);
+    if (!e || !e->marked) {
+        if (o->far_n < CD_FAR_RING) {
+            e = &o->far[(o->far_head + o->far_n++) % CD_FAR_RING];
+            e->first = tag;
+        }
+        e->marked = true;
+        atomic_fetch_add(&far_marks, 1);
+    }
+    if (atomic_load(&o->far_done) >= tag)
+        atomic_store(&o->far_done, tag - 1);
+    pthread_mutex_unlock(&o->far_lock);
 }
 
-/* Records the work of every other context the engine knows; the number,
- * or 0 when there was none. */
+static bool far_make_one(struct cd_ctx *o, bool entered, void *arg)
+{
+    struct far_fencing *m = arg;
+    if (entered) {
+        far_push(o, m->tag, m->ops);
+        m->any = true;
+    } else if (atomic_load(&o->state) == CD_CTX_MAY_END) {
+        far_mark(o, m->tag);
+        m->any = true;
+    }
+    return true;
+}
+
+/* Records the work of every other context the engine knows (marks it, in
+ * a slot that keeps walks out); the number, or 0 when there was none. */
 static uint64_t far_fence(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
     pthread_mutex_lock(&far_lock);
-    struct far_make m = {c, atomic_load(&far_seq) + 1, false, ops};
-    cd_ctx_each(far_make_one, &m);
+    struct far_fencing m = {c, atomic_load(&far_seq) + 1, false, ops};
+    cd_ctx_every(c, far_make_one, &m);
     if (m.any)
         atomic_store_explicit(&far_seq, m.tag, memory_order_release);
     pthread_mutex_unlock(&far_lock);
     return m.any ? m.tag : 0;
 }
 
+struct far_ask {
+    uint64_t far;
+    bool ending; /* a slot that could not be asked held it back */
+};
+
 static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
 {
-    uint64_t far = *(uint64_t *)arg;
-    if (atomic_load(&o->far_done) >= far)
+    struct far_ask *a = arg;
+    if (atomic_load(&o->far_done) >= a->far)
         return true;
-    /* A slot that closes, or keeps walks out, is asked again later. */
-    if (!entered)
+    /* A slot that serves no context yet runs nothing of the fence's time;
+     * one that closes, or keeps walks out, is asked again later. */
+    if (!entered) {
+        int st = atomic_load(&o->state);
+        if (st == CD_CTX_FREE || st == CD_CTX_SETUP)
+            return true;
+        a->ending = true;
         return false;
+    }
     far_refresh(o, cd_driver_ops());
-    return atomic_load(&o->far_done) >= far;
+    return atomic_load(&o->far_done) >= a->far;
+}
+
+static bool far_passed(struct cd_ctx *c, struct far_ask *a)
+{
+    return a->far == 0 || cd_ctx_every(c, far_reached, a);
 }
 
 bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far)
 {
-    return far == 0 || cd_ctx_every(c, far_reached, &far);
+    struct far_ask a = {far, false};
+    return far_passed(c, &a);
 }
 
 CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far)
@@ -193,6 +264,9 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far)
 static bool far_low(struct cd_ctx *o, bool entered, void *arg)
 {
     uint64_t *floor = arg;
+    int st = atomic_load(&o->state);
+    if (!entered && (st == CD_CTX_FREE || st == CD_CTX_SETUP))
+        return true;
     if (entered && atomic_load(&o->far_done) < *floor)
         far_refresh(o, cd_driver_ops());
     uint64_t done = atomic_load(&o->far_done);
@@ -209,9 +283,25 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c)
     return floor;
 }
 
-void cd_fence_far_wait(struct cd_ctx *c, uint64_t far)
+/* How long only ending contexts may hold a wait that gives up back. */
+#define FAR_GIVE_UP_NS 5000000
+
+bool cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up)
 {
-    for (unsigned i = 0; !cd_fence_far_passed(c, far); i++) {
+    uint64_t held_since = 0;
+    for (unsigned i = 0;; i++) {
+        struct far_ask a = {far, false};
+        if (far_passed(c, &a))
+            return true;
+        if (give_up && a.ending) {
+            uint64_t now = cd_now_ns();
+            if (!held_since)
+                held_since = now;
+            else if (now - held_since > FAR_GIVE_UP_NS)
+                return false;
+        } else {
+            held_since = 0;
+        }
         if (i < 100) {
             sched_yield();
             continue;
@@ -235,9 +325,45 @@ void cd_fence_trim(struct cd_ctx *c)
     pthread_mutex_unlock(&c->far_lock);
 }
 
+bool cd_fence_fill(struct cd_ctx *c)
+{
+    if (atomic_load(&far_marks) == 0)
+        return false;
+    pthread_mutex_lock(&c->far_lock);
+    struct cd_far *e = far_newest(c);
+    if (e && e->marked)
+        far_make(c, e, cd_driver_ops());
+    pthread_mutex_unlock(&c->far_lock);
+    return atomic_load(&far_marks) != 0;
+}
+
+bool cd_fence_marked(void)
+{
+    return atomic_load(&far_marks) != 0;
+}
+
+void cd_fence_forget(struct cd_ctx *c, bool alive)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    pthread_mutex_lock(&c->far_lock);
+    for (unsigned i = 0; i < c->far_n; i++)
+        if (c->far[(c->far_head + i) % CD_FAR_RING].marked)
+            atomic_fetch_sub(&far_marks, 1);
+    for (size_t i = 0; i < CD_FAR_RING; i++) {
+        if (alive && ops && c->far[i].event)
+            ops->event_destroy(c->far[i].event);
+        c->far[i].event = NULL;
+        c->far[i].marked = false;
+    }
+    c->far_head = c->far_n = 0;
+    atomic_store(&c->far_done, UINT64_MAX);
+    pthread_mutex_unlock(&c->far_lock);
+}
+
 void cd_fence_reset(void)
 {
     pthread_mutex_init(&far_lock, NULL);
+    atomic_store(&far_marks, 0);
 }
 
 /* ---- fences ---------------------------------------------------------------------- */

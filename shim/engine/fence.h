@@ -68,12 +68,26 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far);
 uint64_t cd_fence_far_floor(struct cd_ctx *c);
 /* WAITS until the other contexts' part of a fence made in c has passed
  * (polls: no lock is held while it waits, and other threads' fences go on).
- * In the relaxed capture mode, or inside the gate. */
-void cd_fence_far_wait(struct cd_ctx *c, uint64_t far);
+ * A context that is ending (its slot closing, or a primary release under
+ * way) cannot be asked, and may itself wait for the caller's use of c to
+ * end: with give_up, once only such contexts have held the wait back for
+ * 5 ms, it returns false. In the relaxed capture mode, or inside the gate. */
+bool cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up);
 /* Destroys the events of c's ring that no record uses (up to CD_FAR_RING
  * stay made between flushes: cudefer_flush leaves none). c entered. Does
  * not wait. */
 void cd_fence_trim(struct cd_ctx *c);
+/* Makes c's marked records (fence.c): c entered, its context current,
+ * inside the capture gate. Returns whether any context still has one (the
+ * waiter calls it for every context it visits, and looks again soon while
+ * this says so). Does not wait. */
+bool cd_fence_fill(struct cd_ctx *c);
+/* Whether any context has a marked record. */
+bool cd_fence_marked(void);
+/* c's slot is torn down: no fence waits for its context any more (its
+ * work ended with it); its ring's events are destroyed (with alive) or
+ * forgotten. */
+void cd_fence_forget(struct cd_ctx *c, bool alive);
 /* Forgets the numbering (a forked child). */
 void cd_fence_reset(void);
 

@@ -93,7 +93,8 @@ static long long releasing_now(void)
     return n;
 }
 
-/* Really releases one entry, after its fence. MAY WAIT. */
+/* Really releases one entry, after its fence (its other contexts' records
+ * have passed: flush_context). MAY WAIT. */
 static void release_one(struct cd_ctx *c, struct cd_record *r)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
@@ -101,7 +102,6 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
      * covers kernels of other contexts (peer access). */
     if (r->done)
         ops->event_synchronize(r->done);
-    cd_fence_far_wait(c, r->far);
     CUresult rc = cd_backend((enum cd_kind)r->kind)->release(r);
     if (rc == CUDA_SUCCESS) {
         atomic_fetch_add(&cd_stats.released[r->kind], 1);
@@ -128,6 +128,20 @@ static uint64_t far_of(struct cd_link *list)
     return far;
 }
 
+/* Puts the entries of list whose other contexts' records have not passed
+ * back on c's books. */
+static void requeue_unpassed(struct cd_ctx *c, struct cd_link *list)
+{
+    for (struct cd_link *e = list->next, *next; e != list; e = next) {
+        next = e->next;
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        if (!cd_fence_far_passed(c, r->far)) {
+            cd_list_remove(&r->age);
+            cd_books_defer(c, r);
+        }
+    }
+}
+
 /* The number up to which the other contexts' records of c's fences have
  * passed, asked in the relaxed capture mode. Does not wait. */
 static uint64_t far_floor(struct cd_ctx *c)
@@ -144,9 +158,8 @@ static uint64_t far_floor(struct cd_ctx *c)
  * their fence, the others with the driver's release. A synchronisation
  * (why CD_FLUSH_SYNC) leaves the entries whose other contexts' records have
  * not passed: the program waited for its context only. Other flushes WAIT
- * for those records. With settle, WAITS until c's frees in flight have
- * given the memory back. Returns whether there was anything to do. MAY
- * WAIT. */
+ * for those records. With settle, WAITS until c's frees in flight have given the memory back.
+ * Returns whether there was anything to do. MAY WAIT. */
 static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle,
                           long long keep)
 {
@@ -160,7 +173,12 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
      * in another thread sees either the entries or this flush. */
     releasing_add(1);
     long long kept = 0;
-    size_t n = atomic_load(&c->sticky) ? 0 : cd_books_take_all(c, mask, keep, far, &kept, &list);
+    /* Entries deferred while a capture is live have no fence yet: the
+     * driver's own release waits for their context's work (README, limits:
+     * not for other contexts'). */
+    size_t n = atomic_load(&c->sticky)
+                   ? 0
+                   : cd_books_take_all(c, mask, keep, far, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
     releasing_add((long long)n);
     if (!n && !frees) {
@@ -172,8 +190,13 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     /* The other contexts' records of the fences, on the host: nothing of
-     * this context's work waits for them on the GPU. */
-    cd_fence_far_wait(c, far_of(&list));
+     * this context's work waits for them on the GPU. A context that is
+     * ending may itself wait for this flush to end (its slot drains the
+     * uses under way): after a few milliseconds, what it holds back goes
+     * back on the books for a later flush. */
+    uint64_t need = far_of(&list);
+    if (need && !cd_fence_far_wait(c, need, true))
+        requeue_unpassed(c, &list);
     /* Device blocks first: their frees do not wait, and their memory is
      * back soonest. */
     for (struct cd_link *e = list.next, *next; e != &list; e = next) {

@@ -183,6 +183,10 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
         fenced = frc == CUDA_SUCCESS;
         if (fenced)
             note_saving(c, r);
+        /* A context that kept walks out got a mark to be recorded later:
+         * the waiter does it. */
+        if (r->far && cd_fence_marked())
+            cd_waiter_poke();
         cd_gate_exit();
     }
     cd_scope_leave(&sc);
@@ -221,6 +225,12 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
         if (b->stream_ordered)
             evict_after_release(c);
     }
+    /* The last capture may have ended between the gate's answer and the
+     * deferral, after it fenced what was deferred (cd_retire_backlog): then
+     * this entry is fenced here. Either the capture's end sees it on the
+     * books, or this sees no capture live. */
+    if (!fenced && !cd_capture_live())
+        cd_retire_backlog();
     *rc = CUDA_SUCCESS;
     return true;
 }
@@ -255,7 +265,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
         atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
         cd_range_push("cudefer: unregister waits for the work before it");
         ops->event_synchronize(r->done);
-        cd_fence_far_wait(c, r->far);
+        cd_fence_far_wait(c, r->far, false);
         cd_range_pop();
         atomic_fetch_add(&cd_stats.unregister_waits, 1);
         atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);

@@ -89,6 +89,7 @@ static void tear(struct cd_ctx *c, bool alive)
     cd_waiter_forget(c, alive);
     settle_books(c, alive);
     cd_registry_tear(c, freed_by_context());
+    cd_fence_forget(c, alive);
     cd_ctx_release(c, alive);
     cd_log(CD_LOG_INFO, "context %p torn down%s", (void *)ctx, alive ? "" : " after its end");
 }

@@ -339,6 +339,16 @@ static void visit(struct cd_ctx *c, void *arg)
     p->done += cd_waiter_settle(c, false);
     see_watches(c, p->ops);
     cd_fence_prune(c);
+    /* Records marked for other contexts' fences while c kept walks out. */
+    if (cd_fence_marked()) {
+        if (cd_gate_enter()) {
+            if (cd_fence_fill(c))
+                p->again = true;
+            cd_gate_exit();
+        } else {
+            p->again = true;
+        }
+    }
     bool (*fn)(struct cd_ctx *) = atomic_load(&on_visit);
     if (fn && fn(c))
         p->again = true;
@@ -367,7 +377,8 @@ static void *waiter_main(void *arg)
             sleep_for(1000);
             continue;
         }
-        if (atomic_load(&pending) == 0 && !cd_capture_live() && !atomic_load(&visit_again)) {
+        if (atomic_load(&pending) == 0 && !cd_capture_live() && !atomic_load(&visit_again) &&
+            !cd_fence_marked()) {
             nap = 0;
             sleep_for(0);
             continue;
