@@ -62,7 +62,9 @@
  *    does not return after the spin kernels of an epoch that main launched
  *    after the call began have been released by their flag: those kernels
  *    are work submitted after it, which it must not wait for, and an
- *    unregister that waited for them would return only after their flag;
+ *    unregister that waited for them would return only after their flag
+ *    (judged when no call allowed to wait, primary context release or
+ *    green context destruction overlapped it: see stalls_fences);
  *  - allowed to wait: cuCtxSynchronize* (for its own context's work only:
  *    the test driver counts a synchronisation that had to wait for
  *    unfinished work of another context, testdrv_thread_foreign_syncs, and
@@ -555,8 +557,18 @@ struct probe {
 /* Calls allowed to wait (a flush, a context's end, an allocation short of
  * memory...) hold the context in the driver while they wait, and stall
  * every other thread's calls in it: an unregister whose fence is stalled
- * so is fenced behind work submitted meanwhile. Its bound is judged only
- * when no such call overlapped it. */
+ * so is fenced behind work submitted meanwhile. So do a primary context's
+ * release and a green context's destruction, for the primary context:
+ * while they run, cudefer cannot record its work (the release may end it),
+ * and a fence made meanwhile waits for that context's work recorded once
+ * they have returned. Its bound is judged only when no such call
+ * overlapped it. */
+static bool stalls_fences(const char *name, enum rule rule)
+{
+    return rule == R_ALLOWED || rule == R_RELEASE_PRIMARY ||
+           strcmp(name, "cuGreenCtxDestroy") == 0;
+}
+
 static _Atomic int waits_inflight;
 static _Atomic unsigned long long waits_started, waits_ended_ns, bounded_exempt;
 
@@ -577,7 +589,7 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     p->blocked_only = false;
     p->row = rule_index(name);
     p->waits_under_way = atomic_load(&waits_inflight) > 0; /* this call's own not yet counted */
-    if (p->row >= 0 && rules[p->row].rule == R_ALLOWED) {
+    if (p->row >= 0 && stalls_fences(name, rules[p->row].rule)) {
         atomic_fetch_add(&waits_inflight, 1);
         atomic_fetch_add(&waits_started, 1);
     }
@@ -612,7 +624,7 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
     }
     enum rule rule = rules[p->row].rule;
     bool waited = (dwait && !p->blocked_only) || dblocked >= NO_WAIT_BLOCKED_NS;
-    if (rule == R_ALLOWED)
+    if (stalls_fences(p->name, rule))
         atomic_fetch_sub(&waits_inflight, 1);
     if ((rule == R_ALLOWED || allowed) && waited)
         atomic_store(&waits_ended_ns, t1);

@@ -6,7 +6,9 @@
 #include "options.h"
 #include "stats.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* ---- pending registrations --------------------------------------------- */
 
@@ -58,11 +60,65 @@ bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
     return found;
 }
 
+/* ---- entries in transit ------------------------------------------------------ */
+
+static pthread_mutex_t transit_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t transit_cond;
+static long long transit;
+
+static void transit_init(void)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&transit_cond, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+__attribute__((constructor)) static void books_init(void)
+{
+    transit_init();
+}
+
+void cd_books_transit(long long delta)
+{
+    pthread_mutex_lock(&transit_lock);
+    transit += delta;
+    if (transit == 0)
+        pthread_cond_broadcast(&transit_cond);
+    pthread_mutex_unlock(&transit_lock);
+}
+
+long long cd_books_in_transit(void)
+{
+    pthread_mutex_lock(&transit_lock);
+    long long n = transit;
+    pthread_mutex_unlock(&transit_lock);
+    return n;
+}
+
+bool cd_books_transit_wait(int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += seconds;
+    pthread_mutex_lock(&transit_lock);
+    int err = 0;
+    while (transit > 0 && err != ETIMEDOUT)
+        err = pthread_cond_timedwait(&transit_cond, &transit_lock, &until);
+    bool clear = transit == 0;
+    pthread_mutex_unlock(&transit_lock);
+    return clear;
+}
+
 void cd_books_reset(void)
 {
     pthread_mutex_init(&ranges_lock, NULL);
     nranges = 0;
     atomic_store(&registered_pending, 0);
+    pthread_mutex_init(&transit_lock, NULL);
+    transit_init();
+    transit = 0;
 }
 
 /* ---- sums ------------------------------------------------------------------ */

@@ -74,7 +74,18 @@ void cd_books_unregistered(struct cd_record *r);
 long long cd_books_registered_pending(void);
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
 
-/* Forgets the pending ranges (a forked child). */
+/* Entries in transit: taken off the books and not yet released nor handed
+ * to the waiter (a flush's, an eviction's; a context's teardown counts
+ * itself until its destruction has returned). The taker counts them before
+ * it takes them, so that an out-of-memory answer in another thread sees
+ * either the entries or the count. */
+void cd_books_transit(long long delta);
+long long cd_books_in_transit(void);
+/* WAITS (for other threads, not for the GPU) until nothing is in transit,
+ * at most seconds; false if something still is. */
+bool cd_books_transit_wait(int seconds);
+
+/* Forgets the pending ranges and what is in transit (a forked child). */
 void cd_books_reset(void);
 
 #endif

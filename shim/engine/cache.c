@@ -89,6 +89,7 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->start_ns = cd_now_ns();
     a->level = 0;
     a->rechecks = 0;
+    a->held_ns = 0;
     a->seen = cd_registry_returned();
     a->call = call;
 }

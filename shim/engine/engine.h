@@ -95,6 +95,7 @@ struct cd_alloc {
     uint64_t start_ns;
     int level;          /* reclaims made so far */
     int rechecks;       /* retries made because memory went back meanwhile */
+    uint64_t held_ns;   /* when ending contexts first held released memory back */
     unsigned long long seen; /* cd_registry_returned() before the last ask */
     const char *call;
 };

@@ -90,15 +90,19 @@ static void far_pop(struct cd_ctx *o, const struct cd_driver_ops *ops)
     }
 }
 
-/* Brings o->far_done up to date; o entered. */
-static void far_refresh(struct cd_ctx *o, const struct cd_driver_ops *ops)
+/* Brings o->far_done up to date; o entered. Returns whether a marked
+ * record holds it back (made only when the waiter can: not during a
+ * capture). */
+static bool far_refresh(struct cd_ctx *o, const struct cd_driver_ops *ops)
 {
     /* Read first: every number up to it has its records in the rings. */
     uint64_t seq = atomic_load_explicit(&far_seq, memory_order_acquire);
     pthread_mutex_lock(&o->far_lock);
     far_pop(o, ops);
     atomic_store(&o->far_done, o->far_n ? o->far[o->far_head].first - 1 : seq);
+    bool marked = o->far_n && o->far[o->far_head].marked;
     pthread_mutex_unlock(&o->far_lock);
+    return marked;
 }
 
 /* An event of o for its ring, made in o. */
@@ -221,7 +225,7 @@ static uint64_t far_fence(struct cd_ctx *c, const struct cd_driver_ops *ops)
 
 struct far_ask {
     uint64_t far;
-    bool ending; /* a slot that could not be asked held it back */
+    bool ending; /* a slot that could not be asked, or a marked record, held it back */
 };
 
 static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
@@ -238,8 +242,11 @@ static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
         a->ending = true;
         return false;
     }
-    far_refresh(o, cd_driver_ops());
-    return atomic_load(&o->far_done) >= a->far;
+    bool marked = far_refresh(o, cd_driver_ops());
+    if (atomic_load(&o->far_done) >= a->far)
+        return true;
+    a->ending |= marked;
+    return false;
 }
 
 static bool far_passed(struct cd_ctx *c, struct far_ask *a)

@@ -70,7 +70,9 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c);
  * (polls: no lock is held while it waits, and other threads' fences go on).
  * A context that is ending (its slot closing, or a primary release under
  * way) cannot be asked, and may itself wait for the caller's use of c to
- * end: with give_up, once only such contexts have held the wait back for
+ * end; a marked record is made only when no capture is live, and the
+ * thread that captures may be one that waits for that use too: with
+ * give_up, once only such contexts or records have held the wait back for
  * 5 ms, it returns false. In the relaxed capture mode, or inside the gate. */
 bool cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up);
 /* Destroys the events of c's ring that no record uses (up to CD_FAR_RING

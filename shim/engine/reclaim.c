@@ -21,6 +21,7 @@
 #include "backends.h"
 #include "books.h"
 #include "capture.h"
+#include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "fence.h"
@@ -33,64 +34,16 @@
 #include "stats.h"
 #include "waiter.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <time.h>
-
-/* Entries taken off the books by flushes and not yet released: an
- * out-of-memory answer waits until they are. */
-static pthread_mutex_t releasing_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t releasing_cond;
-static long long releasing;
-
-__attribute__((constructor)) static void releasing_init(void)
-{
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&releasing_cond, &attr);
-    pthread_condattr_destroy(&attr);
-}
-
-static void releasing_add(long long n)
-{
-    pthread_mutex_lock(&releasing_lock);
-    releasing += n;
-    if (releasing == 0)
-        pthread_cond_broadcast(&releasing_cond);
-    pthread_mutex_unlock(&releasing_lock);
-}
 
 /* A context whose teardown has begun holds what the program released in
  * it until the driver's destruction returns: counted like a flush. */
 void cd_reclaim_ending(int delta)
 {
-    releasing_add(delta);
+    cd_books_transit(delta);
     if (delta < 0)
         cd_registry_note_returned();
-}
-
-/* Waits until no flush holds entries, for at most seconds. */
-static bool releasing_wait(int seconds)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += seconds;
-    pthread_mutex_lock(&releasing_lock);
-    int err = 0;
-    while (releasing > 0 && err != ETIMEDOUT)
-        err = pthread_cond_timedwait(&releasing_cond, &releasing_lock, &until);
-    bool clear = releasing == 0;
-    pthread_mutex_unlock(&releasing_lock);
-    return clear;
-}
-
-static long long releasing_now(void)
-{
-    pthread_mutex_lock(&releasing_lock);
-    long long n = releasing;
-    pthread_mutex_unlock(&releasing_lock);
-    return n;
 }
 
 /* Really releases one entry, after its fence (its other contexts' records
@@ -161,7 +114,7 @@ static uint64_t far_floor(struct cd_ctx *c)
  * for those records. With settle, WAITS until c's frees in flight have given the memory back.
  * Returns whether there was anything to do. MAY WAIT. */
 static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle,
-                          long long keep)
+                          long long keep, bool *held)
 {
     struct cd_link list, device;
     cd_list_init(&list);
@@ -171,7 +124,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
      * every release in it would fail. */
     /* Counted before the entries leave the books: an out-of-memory answer
      * in another thread sees either the entries or this flush. */
-    releasing_add(1);
+    cd_books_transit(1);
     long long kept = 0;
     /* Entries deferred while a capture is live have no fence yet: the
      * driver's own release waits for their context's work (README, limits:
@@ -180,9 +133,9 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
                    ? 0
                    : cd_books_take_all(c, mask, keep, far, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
-    releasing_add((long long)n);
+    cd_books_transit((long long)n);
     if (!n && !frees) {
-        releasing_add(-1);
+        cd_books_transit(-1);
         return false;
     }
     atomic_fetch_add(&cd_stats.flushes[why], 1);
@@ -195,8 +148,11 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
      * uses under way): after a few milliseconds, what it holds back goes
      * back on the books for a later flush. */
     uint64_t need = far_of(&list);
-    if (need && !cd_fence_far_wait(c, need, true))
+    if (need && !cd_fence_far_wait(c, need, true)) {
         requeue_unpassed(c, &list);
+        if (held)
+            *held = true;
+    }
     /* Device blocks first: their frees do not wait, and their memory is
      * back soonest. */
     for (struct cd_link *e = list.next, *next; e != &list; e = next) {
@@ -229,7 +185,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     }
     cd_ctx_event_trim(c);
     cd_scope_leave(&sc);
-    releasing_add(-(long long)n - 1);
+    cd_books_transit(-(long long)n - 1);
     if (settle)
         cd_waiter_settle(c, true);
     cd_range_pop();
@@ -244,19 +200,24 @@ struct flush_all {
     unsigned mask;
     bool settle;
     bool any;
+    bool held; /* ending contexts held entries back (flush_context) */
 };
 
 static void flush_each(struct cd_ctx *c, void *arg)
 {
     struct flush_all *f = arg;
     cd_ctx_warm_up(c);
-    f->any |= flush_context(c, f->why, f->mask, f->settle, 0);
+    f->any |= flush_context(c, f->why, f->mask, f->settle, 0, &f->held);
 }
 
-static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle)
+/* Flushes every context; *held (may be NULL): ending contexts held entries
+ * back. MAY WAIT. */
+static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle, bool *held)
 {
-    struct flush_all f = {why, mask, settle, false};
+    struct flush_all f = {why, mask, settle, false, false};
     cd_ctx_each(flush_each, &f);
+    if (held)
+        *held = f.held;
     return f.any;
 }
 
@@ -277,7 +238,12 @@ int cd_flush_all(void)
 {
     if (!cd_engine_on())
         return 0;
-    flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true);
+    flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true, NULL);
+    /* What other threads took off the books meanwhile (their flushes, the
+     * waiter's evictions) is released or in flight once they are done. */
+    if (!cd_books_transit_wait(60))
+        cd_log(CD_LOG_ERROR, "cudefer_flush: another thread has held released memory for a "
+               "minute; returning without it");
     cd_ctx_each(settle_and_trim, NULL);
     return 0;
 }
@@ -294,7 +260,7 @@ void cd_context_synchronized(CUcontext ctx)
      * blocks through cuMemFreeAsync (the waiter settles them), the rest
      * with the driver's releases. */
     cd_ctx_warm_up(c);
-    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false, cd_option_int(CD_OPT_KEEP));
+    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false, cd_option_int(CD_OPT_KEEP), NULL);
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }
@@ -347,7 +313,7 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
 
 static bool holds_anything(void)
 {
-    return releasing_now() > 0;
+    return cd_books_in_transit() > 0;
 }
 
 static void note_held(struct cd_ctx *c, void *arg)
@@ -373,8 +339,9 @@ static void settle_each(struct cd_ctx *c, void *arg)
     cd_waiter_settle(c, true);
 }
 
-/* Everything the engine holds goes back to the driver. WAITS for the GPU. */
-static bool reclaim_waiting(const char *call)
+/* Everything the engine holds goes back to the driver, but what ending
+ * contexts hold back (*held_back). WAITS for the GPU. */
+static bool reclaim_waiting(const char *call, bool *held_back)
 {
     bool held = holds_anything();
     cd_ctx_each(note_held, &held);
@@ -384,10 +351,10 @@ static bool reclaim_waiting(const char *call)
            "cudefer holds, then retrying", call);
     cd_range_push("cudefer: out of memory, waiting for released memory");
     cd_ctx_each(claims_wait, NULL);
-    flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true);
+    flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true, held_back);
     /* Entries another thread's flush holds at this moment come back when
      * its releases end; then their frees are settled too. */
-    if (!releasing_wait(60))
+    if (!cd_books_transit_wait(60))
         cd_log(CD_LOG_ERROR, "%s: another thread's flush has held released memory for a "
                "minute; retrying without it", call);
     cd_ctx_each(settle_each, NULL);
@@ -398,6 +365,10 @@ static bool reclaim_waiting(const char *call)
 /* Rounds of waiting reclaims an allocation makes at most: other threads
  * may release, and take, memory meanwhile. */
 #define WAITING_ROUNDS 8
+/* Rounds in which ending contexts held released memory back do not count,
+ * for this long: a context's end takes milliseconds, and between rounds
+ * the allocation holds no context that an end would wait for. */
+#define HELD_BACK_NS 10000000000ull
 /* Retries an allocation makes at most because memory went back while it
  * asked (each one asks the driver only). */
 #define RECHECKS 64
@@ -446,10 +417,18 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
     /* Then, while cudefer holds anything: whatever other threads released
      * before the retry is taken back too. */
     a->level++;
-    if (!reclaim_waiting(a->call)) {
+    bool held = false;
+    if (!reclaim_waiting(a->call, &held)) {
         /* Nothing held now; what another thread settled since the ask is
          * back with the driver. */
         return recheck(a);
+    }
+    if (held) {
+        uint64_t now = cd_now_ns();
+        if (!a->held_ns)
+            a->held_ns = now;
+        if (now - a->held_ns < HELD_BACK_NS)
+            a->level--;
     }
     atomic_fetch_add(&cd_stats.reclaims_waited, 1);
     return true;
@@ -464,10 +443,10 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
 {
     bool any = false;
     for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
-        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false);
+        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL);
         if (!cd_books_registered_overlap(lo, hi))
             break;
-        releasing_wait(1);
+        cd_books_transit_wait(1);
     }
     if (cd_books_registered_overlap(lo, hi))
         cd_log(CD_LOG_ERROR, "a pending unregister of %#lx stays out of reach", (unsigned long)lo);
@@ -489,5 +468,5 @@ bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
     /* The range may differ from the queued one only in its pages. */
     uintptr_t lo = (uintptr_t)ptr & ~(uintptr_t)4095, hi = (uintptr_t)ptr + bytes + 4095;
     bool any = release_overlapping(lo, hi & ~(uintptr_t)4095);
-    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false) || any;
+    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL) || any;
 }

@@ -147,8 +147,11 @@ bool cd_retire_evict(struct cd_ctx *c)
     /* Down to three quarters, so that one walk serves many releases; only
      * blocks whose other contexts' records have passed. */
     uint64_t far = cd_fence_far_floor(c);
+    /* In transit until the waiter has them (cd_retire_free). */
+    cd_books_transit(1);
     if (cd_books_take_over_cache(c, limit / 4 * 3, blocks / 4 * 3, far, &list))
         cd_retire_free(c, c->priv, &list);
+    cd_books_transit(-1);
     cd_scope_leave(&sc);
     cd_gate_exit();
     return cd_books_over_cache(c, limit, blocks);
