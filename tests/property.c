@@ -569,6 +569,9 @@ static bool stalls_fences(const char *name, enum rule rule)
            strcmp(name, "cuGreenCtxDestroy") == 0;
 }
 
+/* How long after an unregister began its fence may still be made. */
+#define FENCE_SLACK_NS 1000000ull
+
 static _Atomic int waits_inflight;
 static _Atomic unsigned long long waits_started, waits_ended_ns, bounded_exempt;
 
@@ -653,11 +656,14 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
     } else if (rule == R_BOUNDED) {
         /* Work submitted after the call began: the spin kernels of the
          * first epoch main launched after t0. It must not have waited for
-         * them, i.e. returned after their flag was set. */
+         * them, i.e. returned after their flag was set. The fence is made
+         * inside the call, after records of every context under one lock
+         * that other threads' fences also take: kernels launched in its
+         * first FENCE_SLACK_NS may be covered by it. */
         long now = atomic_load(&epoch_now);
         for (long e = p->epoch < 0 ? 0 : p->epoch; e <= now; e++) {
             uint64_t launched = atomic_load(&epoch_launch_ns[e % NEPOCH]);
-            if (launched <= p->t0)
+            if (launched <= p->t0 + FENCE_SLACK_NS)
                 continue;
             uint64_t released = atomic_load(&epoch_flag_ns[e % NEPOCH]);
             if (released && released < t1)
