@@ -3,6 +3,7 @@
 
 #include "array.h"
 #include "backends.h"
+#include "clock.h"
 #include "options.h"
 #include "stats.h"
 
@@ -66,18 +67,9 @@ static pthread_mutex_t transit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t transit_cond;
 static long long transit;
 
-static void transit_init(void)
-{
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&transit_cond, &attr);
-    pthread_condattr_destroy(&attr);
-}
-
 __attribute__((constructor)) static void books_init(void)
 {
-    transit_init();
+    cd_cond_init_monotonic(&transit_cond);
 }
 
 void cd_books_transit(long long delta)
@@ -117,7 +109,7 @@ void cd_books_reset(void)
     nranges = 0;
     atomic_store(&registered_pending, 0);
     pthread_mutex_init(&transit_lock, NULL);
-    transit_init();
+    cd_cond_init_monotonic(&transit_cond);
     transit = 0;
 }
 

@@ -30,23 +30,6 @@ static struct cd_ctx *slot(int i)
     return &atomic_load_explicit(&chunks[i / CHUNK], memory_order_acquire)[i % CHUNK];
 }
 
-void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
-{
-    int n = atomic_load(&nslots);
-    for (int i = 0; i < n; i++) {
-        struct cd_ctx *c = slot(i);
-        /* The engine's own walk: READY slots only (not one that MAY_END). */
-        atomic_fetch_add(&c->walkers, 1);
-        if (atomic_load(&c->state) != CD_CTX_READY || !cd_ctx_enter(c, atomic_load(&c->gen))) {
-            atomic_fetch_sub(&c->walkers, 1);
-            continue;
-        }
-        fn(c, arg);
-        cd_ctx_exit(c);
-        atomic_fetch_sub(&c->walkers, 1);
-    }
-}
-
 bool cd_ctx_every(const struct cd_ctx *skip, bool (*fn)(struct cd_ctx *c, bool entered, void *arg),
                   void *arg)
 {
@@ -66,6 +49,26 @@ bool cd_ctx_every(const struct cd_ctx *skip, bool (*fn)(struct cd_ctx *c, bool e
             return false;
     }
     return true;
+}
+
+struct each {
+    void (*fn)(struct cd_ctx *c, void *arg);
+    void *arg;
+};
+
+/* The engine's own walk visits READY slots only (not one that MAY_END). */
+static bool each_ready(struct cd_ctx *c, bool entered, void *arg)
+{
+    struct each *e = arg;
+    if (entered)
+        e->fn(c, e->arg);
+    return true;
+}
+
+void cd_ctx_each(void (*fn)(struct cd_ctx *c, void *arg), void *arg)
+{
+    struct each e = {fn, arg};
+    cd_ctx_every(NULL, each_ready, &e);
 }
 
 bool cd_ctx_alone(const struct cd_ctx *c)

@@ -115,6 +115,21 @@ static CUresult far_event(struct cd_ctx *o, CUevent *ev, const struct cd_driver_
     return rc;
 }
 
+/* Every fence before number tag may have passed in o, none from it on:
+ * a record of o now stands for tag; under far_lock. */
+static void far_lower(struct cd_ctx *o, uint64_t tag)
+{
+    if (atomic_load(&o->far_done) >= tag)
+        atomic_store(&o->far_done, tag - 1);
+}
+
+/* A slot that serves no context (yet) runs nothing of any fence's time. */
+static bool far_idle(const struct cd_ctx *o)
+{
+    int st = atomic_load(&o->state);
+    return st == CD_CTX_FREE || st == CD_CTX_SETUP;
+}
+
 /* o's newest entry, or NULL; under far_lock. */
 static struct cd_far *far_newest(struct cd_ctx *o)
 {
@@ -157,8 +172,7 @@ static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops 
             e->first = tag;
             o->far_n++;
         }
-        if (atomic_load(&o->far_done) >= tag)
-            atomic_store(&o->far_done, tag - 1);
+        far_lower(o, tag);
     }
     pthread_mutex_unlock(&o->far_lock);
     if (rc != CUDA_SUCCESS)
@@ -170,7 +184,6 @@ static void far_push(struct cd_ctx *o, uint64_t tag, const struct cd_driver_ops 
 }
 
 struct far_fencing {
-    struct cd_ctx *c;
     uint64_t tag;
     bool any;
     const struct cd_driver_ops *ops;
@@ -192,8 +205,7 @@ static void far_mark(struct cd_ctx *o, uint64_t tag)
         e->marked = true;
         atomic_fetch_add(&far_marks, 1);
     }
-    if (atomic_load(&o->far_done) >= tag)
-        atomic_store(&o->far_done, tag - 1);
+    far_lower(o, tag);
     pthread_mutex_unlock(&o->far_lock);
 }
 
@@ -215,7 +227,7 @@ static bool far_make_one(struct cd_ctx *o, bool entered, void *arg)
 static uint64_t far_fence(struct cd_ctx *c, const struct cd_driver_ops *ops)
 {
     pthread_mutex_lock(&far_lock);
-    struct far_fencing m = {c, atomic_load(&far_seq) + 1, false, ops};
+    struct far_fencing m = {atomic_load(&far_seq) + 1, false, ops};
     cd_ctx_every(c, far_make_one, &m);
     if (m.any)
         atomic_store_explicit(&far_seq, m.tag, memory_order_release);
@@ -236,8 +248,7 @@ static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
     /* A slot that serves no context yet runs nothing of the fence's time;
      * one that closes, or keeps walks out, is asked again later. */
     if (!entered) {
-        int st = atomic_load(&o->state);
-        if (st == CD_CTX_FREE || st == CD_CTX_SETUP)
+        if (far_idle(o))
             return true;
         a->ending = true;
         return false;
@@ -271,8 +282,7 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far)
 static bool far_low(struct cd_ctx *o, bool entered, void *arg)
 {
     uint64_t *floor = arg;
-    int st = atomic_load(&o->state);
-    if (!entered && (st == CD_CTX_FREE || st == CD_CTX_SETUP))
+    if (!entered && far_idle(o))
         return true;
     if (entered && atomic_load(&o->far_done) < *floor)
         far_refresh(o, cd_driver_ops());

@@ -391,18 +391,9 @@ static void *waiter_main(void *arg)
     return NULL;
 }
 
-static void init_cond(void)
-{
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&wake_cond, &attr);
-    pthread_condattr_destroy(&attr);
-}
-
 __attribute__((constructor)) static void waiter_init(void)
 {
-    init_cond();
+    cd_cond_init_monotonic(&wake_cond);
 }
 
 void cd_waiter_start(void)
@@ -432,7 +423,7 @@ void cd_waiter_stop(void)
 void cd_waiter_reset(void)
 {
     pthread_mutex_init(&wake_lock, NULL);
-    init_cond();
+    cd_cond_init_monotonic(&wake_cond);
     work_posted = false;
     atomic_store(&pending, 0);
     atomic_store(&visit_again, false);
