@@ -512,8 +512,8 @@ static void released_clear(void)
 static void drop_events(struct obj *o, bool alive)
 {
     for (int i = 0; i < EVENTS; i++) {
-        if (o->ev[i] && alive && cuEventDestroy(o->ev[i]) == CUDA_SUCCESS)
-            atomic_fetch_sub(&program_events, 1);
+        if (alive)
+            destroy_event(o->ev[i]);
         o->ev[i] = NULL;
         o->ev_stream[i] = NULL;
         o->ev_ctx[i] = NULL;

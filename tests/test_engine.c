@@ -24,6 +24,15 @@ static int cudefer_flush(void)
     return flush();
 }
 
+/* Waits, up to ms milliseconds, until the test driver counts at most
+ * at_most live objects of kind (device blocks go back through frees that
+ * cudefer's waiter settles a moment later). */
+static void live_settles(enum testdrv_kind kind, size_t at_most, int ms)
+{
+    for (int i = 0; i < ms && testdrv_live(kind) > at_most; i++)
+        usleep(1000);
+}
+
 /* ---- what to release ---------------------------------------------------- */
 
 enum what {
@@ -742,8 +751,7 @@ Test(capture, releases_during_a_capture_keep_it_valid, .timeout = 10)
     cr_expect_eq(c.end_rc, CUDA_SUCCESS, "the capture was invalidated");
     cr_expect_eq(testdrv_invalidated_captures(), 0);
     CU_OK(cuCtxSynchronize());
-    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE); i++)
-        usleep(1000);
+    live_settles(TESTDRV_DEVICE, 0, 500);
     cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
@@ -783,8 +791,7 @@ Test(errors, no_current_context, .timeout = 10)
     cr_expect_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "double free without a context");
     CU_OK(cuCtxPushCurrent(ctx));
     CU_OK(cuCtxSynchronize());
-    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE); i++)
-        usleep(1000);
+    live_settles(TESTDRV_DEVICE, 0, 500);
     cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
     cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
 }
@@ -919,8 +926,7 @@ static void reuse_after_fence(enum what what)
     enum testdrv_kind kind = live_kind(what);
     /* Device blocks go back through stream-ordered frees, which the waiter
      * settles. */
-    for (int i = 0; i < 500 && testdrv_live(kind); i++)
-        usleep(1000);
+    live_settles(kind, 0, 500);
     cr_expect_eq(testdrv_live(kind), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
@@ -984,8 +990,8 @@ static void kept_across_a_synchronisation(enum what what)
     CU_OK(release(&reg));
     CU_OK(release(&mod));
     CU_OK(cuCtxSynchronize());
-    for (int i = 0; i < 500 && testdrv_live(kind) > 3; i++)
-        usleep(1000); /* device blocks go back through frees the waiter settles */
+    /* device blocks go back through frees the waiter settles */
+    live_settles(kind, 3, 500);
     cr_expect_eq(testdrv_live(kind), 3, "kept %llu blocks, want the 3 newest",
                  (unsigned long long)testdrv_live(kind));
     cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 0, "the unregister was not made");
@@ -1211,8 +1217,7 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
         usleep(20000); /* let each fence pass */
     }
     cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 2, "expected two blocks evicted");
-    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE) > 2; i++)
-        usleep(1000);
+    live_settles(TESTDRV_DEVICE, 2, 500);
     cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 2, "the cache kept more than its limit");
     /* The two newest are still there to serve allocations of their size. */
     CUdeviceptr q;
@@ -1391,8 +1396,7 @@ static void own_synchronisation(enum what what)
     spin_end(b, &sp);
     CU_OK(cuCtxSetCurrent(a));
     CU_OK(cuCtxSynchronize());
-    for (int i = 0; i < 500 && testdrv_live(kind); i++)
-        usleep(1000);
+    live_settles(kind, 0, 500);
     cr_expect_eq(testdrv_live(kind), 0, "kept after the other context's kernel ended");
     cr_expect_eq(testdrv_faults(), 0);
 }
@@ -1504,8 +1508,7 @@ Test(across, uncached_block_freed_by_the_waiter, .timeout = 20)
     size_t live = testdrv_live(TESTDRV_DEVICE);
     cr_expect_eq(live, 1, "%zu live device blocks: freed under another context's kernel", live);
     sp.flag = 1;
-    for (int i = 0; i < 1000 && testdrv_live(TESTDRV_DEVICE); i++)
-        usleep(1000);
+    live_settles(TESTDRV_DEVICE, 0, 1000);
     cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the waiter did not free it");
     spin_end(b, &sp);
     cr_expect_eq(testdrv_faults(), 0);

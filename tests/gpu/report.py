@@ -648,33 +648,54 @@ def report_registered(res, summary):
                      fmt_ms(num(n, "launch_ms"))))
 
 
-def report_hidden_wait(res, summary):
-    rows, verdicts, worst = [], [], 0.0
-    for case in HIDDEN_WAIT_CASES:
+def case_table(res, result, check, cases, judge, cells):
+    """The rows and cudefer's verdicts of a program run per case without and
+    with cudefer: judge(r, case) lists what failed in a run with cudefer,
+    cells(r, case) the row's cells between the mode and the verdict."""
+    rows, verdicts = [], []
+    for case in cases:
         for mode in ("none", "shim"):
-            r = res.one("hidden_wait", mode=mode, case=case)
-            run = res.run_status("hidden-wait", mode, case)
+            r = res.one(result, mode=mode, case=case)
+            run = res.run_status(check, mode, case)
             if r is None:
-                rows.append((case, MODE_TITLES[mode], run, "-", "-", "-", "-"))
+                rows.append((case, MODE_TITLES[mode], run) + ("-",) * len(cells({}, case)))
                 if mode == "shim":
                     verdicts.append(verdict_of([], None, run))
                 continue
             v = "recorded"
             if mode == "shim":
-                problems = []
-                if not is_success(r, "alloc_rc", "sync_rc"):
-                    problems.append("a call failed")
-                if r.get("kernel_waiting") != "1":
-                    problems.append("the flag kernel was not running")
-                if r.get("watchdog_fired") != "0":
-                    problems.append("the allocation waited for the kernel")
-                elif num(r, "alloc_ms", 1e9) >= HIDDEN_WAIT_MS:
-                    problems.append("the allocation took %s ms" % fmt_ms(num(r, "alloc_ms")))
-                v = verdict_of(problems, r, run, simulated(r))
+                v = verdict_of(judge(r, case), r, run, simulated(r))
                 verdicts.append(v)
-                worst = max(worst, num(r, "alloc_ms", 0.0))
-            rows.append((case, MODE_TITLES[mode], r.get("alloc_rc"), fmt_ms(num(r, "alloc_ms")),
-                         r.get("kernel_waiting"), r.get("watchdog_fired"), v))
+            rows.append((case, MODE_TITLES[mode]) + tuple(cells(r, case)) + (v,))
+    return rows, verdicts
+
+
+def worst_of(res, result, cases, key):
+    """The largest key of the runs with cudefer of those cases (0 if none)."""
+    return max([num(res.one(result, mode="shim", case=c) or {}, key, 0.0) for c in cases] or
+               [0.0])
+
+
+def report_hidden_wait(res, summary):
+    def judge(r, case):
+        problems = []
+        if not is_success(r, "alloc_rc", "sync_rc"):
+            problems.append("a call failed")
+        if r.get("kernel_waiting") != "1":
+            problems.append("the flag kernel was not running")
+        if r.get("watchdog_fired") != "0":
+            problems.append("the allocation waited for the kernel")
+        elif num(r, "alloc_ms", 1e9) >= HIDDEN_WAIT_MS:
+            problems.append("the allocation took %s ms" % fmt_ms(num(r, "alloc_ms")))
+        return problems
+
+    def cells(r, case):
+        return (r.get("alloc_rc"), fmt_ms(num(r, "alloc_ms")), r.get("kernel_waiting"),
+                r.get("watchdog_fired"))
+
+    rows, verdicts = case_table(res, "hidden_wait", "hidden-wait", HIDDEN_WAIT_CASES, judge,
+                                cells)
+    worst = worst_of(res, "hidden_wait", HIDDEN_WAIT_CASES, "alloc_ms")
     table("hidden-wait: an allocation while a kernel waits for the allocating thread",
           ("case", "mode", "alloc rc", "alloc ms", "kernel waiting", "watchdog fired",
            "verdict"), rows)
@@ -688,38 +709,30 @@ CONTEXTS_WRITER_MS = 400.0  # tests/gpu/multigpu.c
 
 
 def report_contexts(res, summary):
-    rows, verdicts, worst_sync = [], [], 0.0
-    for case in CONTEXTS_CASES:
-        for mode in ("none", "shim"):
-            r = res.one("multigpu", mode=mode, case=case)
-            run = res.run_status("contexts", mode, case)
-            if r is None:
-                rows.append((case, MODE_TITLES[mode], run, "-", "-", "-", "-", "-", "-"))
-                if mode == "shim":
-                    verdicts.append(verdict_of([], None, run))
-                continue
-            v = "recorded"
-            if mode == "shim":
-                problems = []
-                if r.get("release_rc") != "CUDA_SUCCESS":
-                    problems.append("the release failed")
-                if r.get("writer_running") != "1":
-                    problems.append("the writer had finished")
-                if r.get("fault") != "0":
-                    problems.append("the writer faulted")
-                if num(r, "release_ms", 1e9) >= CONTEXTS_WRITER_MS / 2:
-                    problems.append("the release waited")
-                if case.endswith("_sync"):
-                    if r.get("writer_after_sync0") != "1":
-                        problems.append("the synchronisation waited for the other context")
-                    worst_sync = max(worst_sync, num(r, "sync0_ms", 0.0))
-                v = verdict_of(problems, r, run, simulated(r))
-                verdicts.append(v)
-            sync0 = num(r, "sync0_ms", -1.0)
-            rows.append((case, MODE_TITLES[mode], r.get("release_rc"), fmt_ms(num(r, "release_ms")),
-                         fmt_ms(sync0) if sync0 >= 0 else "-",
-                         r.get("writer_after_sync0") if sync0 >= 0 else "-",
-                         r.get("sync1_rc"), r.get("fault"), v))
+    def judge(r, case):
+        problems = []
+        if r.get("release_rc") != "CUDA_SUCCESS":
+            problems.append("the release failed")
+        if r.get("writer_running") != "1":
+            problems.append("the writer had finished")
+        if r.get("fault") != "0":
+            problems.append("the writer faulted")
+        if num(r, "release_ms", 1e9) >= CONTEXTS_WRITER_MS / 2:
+            problems.append("the release waited")
+        if case.endswith("_sync") and r.get("writer_after_sync0") != "1":
+            problems.append("the synchronisation waited for the other context")
+        return problems
+
+    def cells(r, case):
+        sync0 = num(r, "sync0_ms", -1.0)
+        return (r.get("release_rc"), fmt_ms(num(r, "release_ms")),
+                fmt_ms(sync0) if sync0 >= 0 else "-",
+                r.get("writer_after_sync0") if sync0 >= 0 else "-",
+                r.get("sync1_rc"), r.get("fault"))
+
+    rows, verdicts = case_table(res, "multigpu", "contexts", CONTEXTS_CASES, judge, cells)
+    worst_sync = worst_of(res, "multigpu", [c for c in CONTEXTS_CASES if c.endswith("_sync")],
+                          "sync0_ms")
     table("contexts: a second context of the GPU writes memory of the primary context "
           "(400 ms) while the primary context releases it (and synchronises, _sync)",
           ("case", "mode", "release rc", "release ms", "sync ms", "writer after sync",
