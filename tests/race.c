@@ -22,7 +22,9 @@
  * (run without the shim, whose cudefer_flush is then skipped: the driver
  * alone meets every invariant, which checks the harness itself).
  * CUDEFER_DEVICE_CACHE, unless set, is 64k for odd seeds and the default
- * for even ones, so that both ways of handing device memory back run.
+ * for even ones, so that both ways of handing device memory back run;
+ * CUDEFER_DEVICE_CACHE_PEAK, unless set, is 0 for seeds 3, 7, 11... (the
+ * cache held to 64k alone: the most evictions) and the default otherwise.
  *
  * The program. Every thread works in a home context (the primary context of
  * device 0, or a context of device 1 that main creates) with two streams of
@@ -1666,6 +1668,7 @@ int main(int argc, char **argv)
     }
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_DEVICE_CACHE", hx.seed % 2 ? "64k" : "256M", 0);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", hx.seed % 4 == 3 ? "0" : "1", 0);
     hx_watchdog_start();
 
     CUdevice dev0 = 0, dev1 = 1;
@@ -1701,8 +1704,9 @@ int main(int argc, char **argv)
     testdrv_set_host_capacity(cap);
 
     printf("race: %llu operations, %d threads, seed %llu, capacity %zu, CUDEFER_DEVICE_CACHE=%s, "
-           "green contexts %s%s%s\n", hx.ops, hx.threads, (unsigned long long)hx.seed, cap,
-           getenv("CUDEFER_DEVICE_CACHE"), have_green ? "yes" : "no (skipped)",
+           "CUDEFER_DEVICE_CACHE_PEAK=%s, green contexts %s%s%s\n", hx.ops, hx.threads,
+           (unsigned long long)hx.seed, cap, getenv("CUDEFER_DEVICE_CACHE"),
+           getenv("CUDEFER_DEVICE_CACHE_PEAK"), have_green ? "yes" : "no (skipped)",
            getenv("RACE_SKIP") ? ", RACE_SKIP=" : "",
            getenv("RACE_SKIP") ? getenv("RACE_SKIP") : "");
     fflush(stdout);

@@ -402,6 +402,9 @@ int main(int argc, char **argv)
      * device blocks are both kept for reuse and handed to cuMemFreeAsync
      * behind their fence, so a fence that is missing shows as a fault. */
     setenv("CUDEFER_DEVICE_CACHE", "32k", 0);
+    /* Odd seeds hold it to 32k alone; even ones let it keep up to the
+     * program's peak (the default), which moves as the threads allocate. */
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", seed % 2 ? "0" : "1", 0);
 
     pthread_t watchdog;
     if (pthread_create(&watchdog, NULL, watchdog_main, NULL) != 0) {

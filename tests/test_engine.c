@@ -1203,10 +1203,12 @@ Test(stats, waiting_avoided_under_a_kernel, .timeout = 20)
 }
 
 /* Over CUDEFER_DEVICE_CACHE the oldest fenced device blocks go to the
- * driver's stream-ordered free at once, without waiting. */
+ * driver's stream-ordered free at once, without waiting (held to it alone:
+ * the program's peak would keep all four). */
 Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
 {
     setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", "0", 1);
     test_context();
     CUdeviceptr p[4];
     for (int i = 0; i < 4; i++)
@@ -1223,6 +1225,61 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     CUdeviceptr q;
     CU_OK(cuMemAlloc(&q, 512 << 10));
     cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
+}
+
+/* With CUDEFER_DEVICE_CACHE_PEAK (the default) the cache may keep what
+ * brings the program's device memory back to its peak: a step that
+ * releases more than CUDEFER_DEVICE_CACHE and allocates the same sizes
+ * again is served from it, with no new block and no free. */
+Test(reuse, device_cache_keeps_up_to_the_peak, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    test_context();
+    CUdeviceptr p[8], q[8];
+    for (int step = 0; step < 3; step++) {
+        uint64_t allocs = testdrv_calls("cuMemAlloc_v2"), frees = testdrv_calls("cuMemFreeAsync");
+        for (int i = 0; i < 8; i++)
+            CU_OK(cuMemAlloc(&p[i], 512 << 10));
+        if (step > 0)
+            cr_expect_eq(testdrv_calls("cuMemAlloc_v2"), allocs, "step %d allocated anew", step);
+        for (int i = 0; i < 8; i++)
+            CU_OK(cuMemFree(p[i]));
+        usleep(20000); /* the fences pass, the waiter has its turn */
+        cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees, "step %d evicted", step);
+        cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 8, "the cache kept %llu of 8 blocks",
+                     (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+    }
+    /* Memory the program holds anew shrinks the room: four blocks of
+     * another size (live 1 MiB of a 4 MiB peak: room 3 MiB) send the
+     * oldest cached blocks back, down to three quarters of it. */
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemAlloc(&q[i], 256 << 10));
+    live_settles(TESTDRV_DEVICE, 4 + 4, 500);
+    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 4 + 4,
+                 "%llu blocks: expected the 4 new and 4 of 512 KiB (3 MiB x 3/4 = 2.25 MiB)",
+                 (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemFree(q[i]));
+}
+
+/* The peak is the program's, not the cache's: memory the program never
+ * held at once is not kept beyond CUDEFER_DEVICE_CACHE. */
+Test(reuse, device_cache_peak_is_what_was_held_at_once, .timeout = 10)
+{
+    setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    test_context();
+    uint64_t frees = testdrv_calls("cuMemFreeAsync");
+    for (int i = 0; i < 8; i++) {
+        CUdeviceptr p;
+        /* A new size each time: no reuse, one block held at a time. */
+        CU_OK(cuMemAlloc(&p, (size_t)(512 + i) << 10));
+        CU_OK(cuMemFree(p));
+        usleep(5000);
+    }
+    live_settles(TESTDRV_DEVICE, 1, 500);
+    cr_expect_leq(testdrv_live(TESTDRV_DEVICE), 2, "kept %llu blocks beyond the 1 MiB cache",
+                  (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+    cr_expect_geq(testdrv_calls("cuMemFreeAsync"), frees + 6, "expected six blocks evicted");
 }
 
 /* The count of cached blocks: 256 at the default limit, one a MiB of a
@@ -1244,15 +1301,25 @@ static uint64_t cached_after_releasing(int n)
 
 Test(reuse, device_cache_count_at_the_default, .timeout = 10)
 {
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", "0", 1);
     uint64_t live = cached_after_releasing(400);
     cr_expect_leq(live, 256, "kept %llu blocks, more than 256", (unsigned long long)live);
     cr_expect_geq(live, 192, "kept %llu blocks: evicted below three quarters",
                   (unsigned long long)live);
 }
 
+/* With the program's peak (the default) the count is what it held. */
+Test(reuse, device_cache_count_follows_the_peak, .timeout = 10)
+{
+    uint64_t live = cached_after_releasing(400);
+    cr_expect_eq(live, 400, "kept %llu of the 400 blocks the program held at once",
+                 (unsigned long long)live);
+}
+
 Test(reuse, device_cache_count_grows_with_its_bytes, .timeout = 10)
 {
     setenv("CUDEFER_DEVICE_CACHE", "1G", 1);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", "0", 1);
     uint64_t live = cached_after_releasing(400);
     cr_expect_eq(live, 400, "kept %llu of 400 blocks under a 1 GiB cache",
                  (unsigned long long)live);
@@ -1265,6 +1332,7 @@ Test(reuse, device_cache_count_grows_with_its_bytes, .timeout = 10)
 Test(reuse, device_cache_eviction_under_writers, .timeout = 10)
 {
     setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", "0", 1);
     test_context();
     CUstream s;
     CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));

@@ -37,6 +37,8 @@ static const struct cd_option_desc table[CD_OPT_COUNT] = {
         "Entries (all kinds but device memory) that a context holds for the program, counted the same way; past it releases are still deferred until the next flush point.", NULL},
     [CD_OPT_DEVICE_CACHE] = {"DEVICE_CACHE", CD_TYPE_SIZE, "256M",
         "Released device memory that a context keeps to serve allocations of the same size; beyond it the oldest goes back through cuMemFreeAsync, without waiting. 0 sends every block back at once.", NULL},
+    [CD_OPT_DEVICE_CACHE_PEAK] = {"DEVICE_CACHE_PEAK", CD_TYPE_BOOL, "1",
+        "The device cache may also keep what brings a context's device memory back to its own peak: the memory the program holds plus the cache stays within the most the program has held at once, in bytes and in blocks (or within its holdings plus CUDEFER_DEVICE_CACHE, whichever is more), as a caching allocator would hold it; 0 holds the cache to CUDEFER_DEVICE_CACHE alone.", NULL},
     [CD_OPT_REUSE_WAIT] = {"REUSE_WAIT", CD_TYPE_BOOL, "1",
         "An allocation may wait for a released block of its size to finish its last use instead of allocating anew, for at most what an allocation of that kind and size was measured to take; 0 never waits.", NULL},
     [CD_OPT_KEEP] = {"KEEP", CD_TYPE_SIZE, "0",

@@ -129,6 +129,32 @@ static void account(struct cd_ctx *c, const struct cd_record *r, int sign)
     cd_stats_add_deferred_bytes(bytes);
 }
 
+/* Adds delta to *live, and raises *peak to it. */
+static long long rise(_Atomic long long *live, _Atomic long long *peak, long long delta)
+{
+    long long now = atomic_fetch_add(live, delta) + delta;
+    long long most = atomic_load(peak);
+    while (now > most && !atomic_compare_exchange_weak(peak, &most, now))
+        ;
+    return now;
+}
+
+void cd_books_live(struct cd_ctx *c, size_t bytes, int sign)
+{
+    rise(&c->live_bytes, &c->peak_bytes, sign * (long long)bytes);
+    rise(&c->live_blocks, &c->peak_blocks, sign);
+}
+
+void cd_books_below_peak(struct cd_ctx *c, long long *bytes, long long *blocks)
+{
+    *bytes = atomic_load(&c->peak_bytes) - atomic_load(&c->live_bytes);
+    *blocks = atomic_load(&c->peak_blocks) - atomic_load(&c->live_blocks);
+    if (*bytes < 0)
+        *bytes = 0;
+    if (*blocks < 0)
+        *blocks = 0;
+}
+
 /* ---- bins -------------------------------------------------------------------- */
 
 static size_t bin_slot(enum cd_kind kind, size_t bytes, unsigned flags)

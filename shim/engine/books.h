@@ -33,6 +33,16 @@ void cd_books_take(struct cd_ctx *c, struct cd_record *r);
 size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64_t far,
                          long long *kept, struct cd_link *out);
 
+/* Device memory the program holds in c: a block of bytes allocated or
+ * reused (sign 1) or released (sign -1). The most it has held at once, in
+ * bytes and in blocks, is kept beside it. */
+void cd_books_live(struct cd_ctx *c, size_t bytes, int sign);
+
+/* How far the program's device memory in c is below its peaks, in bytes
+ * and in blocks: the room that CUDEFER_DEVICE_CACHE_PEAK gives the device
+ * cache. */
+void cd_books_below_peak(struct cd_ctx *c, long long *bytes, long long *blocks);
+
 /* Whether c's cache of device blocks holds more than bytes or blocks. */
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);
 

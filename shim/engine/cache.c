@@ -180,6 +180,8 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         cd_books_take(c, r);
         cd_retire_drop_event(c, r);
         cd_registry_unretire(r);
+        if (r->kind == CD_DEVICE)
+            cd_books_live(c, r->bytes, 1);
         atomic_fetch_add(&cd_stats.reused[a->kind], 1);
         cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_kind_name(a->kind), (unsigned long)r->key);
         *key = r->key;
@@ -209,5 +211,10 @@ void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key)
     }
     r->ctx = c;
     r->gen = atomic_load(&c->gen);
+    /* Counted before another thread can release it (and count it out). */
+    if (a->kind == CD_DEVICE)
+        cd_books_live(c, a->bytes, 1);
     cd_registry_insert(r);
+    if (a->kind == CD_DEVICE)
+        cd_retire_grown(c);
 }

@@ -576,6 +576,10 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     c->fence = NULL;
     c->priv = c->spare = NULL;
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
+    atomic_store(&c->live_bytes, 0);
+    atomic_store(&c->peak_bytes, 0);
+    atomic_store(&c->live_blocks, 0);
+    atomic_store(&c->peak_blocks, 0);
     c->claims = 0;
     atomic_store(&c->sticky, false);
     atomic_fetch_add(&c->gen, 1);

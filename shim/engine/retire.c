@@ -109,11 +109,25 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
     }
 }
 
-/* CUDEFER_DEVICE_CACHE's bytes and count of blocks. */
-static void cache_limits(long long *bytes, long long *blocks)
+/* The device cache's bytes and count of blocks in c: CUDEFER_DEVICE_CACHE
+ * (and its count, CD_CACHE_BLOCKS or one a MiB), or how far the program's
+ * device memory in c is below its peaks (CUDEFER_DEVICE_CACHE_PEAK),
+ * whichever is more. A training step that releases its activations and
+ * allocates them again in the next step is then served from the cache
+ * however many and large they are, and the context never holds more than
+ * the program once held itself. */
+static void cache_limits(struct cd_ctx *c, long long *bytes, long long *blocks)
 {
     *bytes = cd_option_int(CD_OPT_DEVICE_CACHE);
     *blocks = *bytes >> 20 > CD_CACHE_BLOCKS ? *bytes >> 20 : CD_CACHE_BLOCKS;
+    if (*bytes && cd_option_bool(CD_OPT_DEVICE_CACHE_PEAK)) {
+        long long room, count;
+        cd_books_below_peak(c, &room, &count);
+        if (room > *bytes)
+            *bytes = room;
+        if (count > *blocks)
+            *blocks = count;
+    }
 }
 
 /* After a device release: over the cache's limits the waiter evicts, off
@@ -125,17 +139,25 @@ static void cache_limits(long long *bytes, long long *blocks)
 static void evict_after_release(struct cd_ctx *c)
 {
     long long limit, blocks;
-    cache_limits(&limit, &blocks);
+    cache_limits(c, &limit, &blocks);
     if (!cd_books_over_cache(c, limit, blocks))
         return;
     if (!cd_books_over_cache(c, limit + limit / 4, blocks + blocks / 4) || cd_retire_evict(c))
         cd_waiter_poke();
 }
 
+void cd_retire_grown(struct cd_ctx *c)
+{
+    long long limit, blocks;
+    cache_limits(c, &limit, &blocks);
+    if (cd_books_over_cache(c, limit, blocks))
+        cd_waiter_poke();
+}
+
 bool cd_retire_evict(struct cd_ctx *c)
 {
     long long limit, blocks;
-    cache_limits(&limit, &blocks);
+    cache_limits(c, &limit, &blocks);
     if (!cd_books_over_cache(c, limit, blocks))
         return false;
     if (!cd_gate_enter())
@@ -355,6 +377,8 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
     }
     if (!entered)
         return pass_through(r, "its context has ended or is ending");
+    if (r->kind == CD_DEVICE)
+        cd_books_live(c, r->bytes, -1);
     bool took = false;
     if (!cd_backend_on((enum cd_kind)r->kind))
         took = pass_through(r, "its kind is off");
