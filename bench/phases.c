@@ -12,7 +12,9 @@
  * and prints the mean ns of each call. Then the driver calls a fence is made
  * of, on an idle GPU: cuEventQuery of an event recorded on a stream and of
  * one recorded with cuCtxRecordEvent, cuCtxGetCurrent, cuCtxRecordEvent and
- * cuEventRecord (ns per call).
+ * cuEventRecord (ns per call). And the ways a 4 KiB device block goes back
+ * to the driver on an idle GPU: cuMemFree, cuMemFreeAsync, the same behind
+ * a cuStreamWaitEvent of a passed event, and that wait alone (ns a block).
  *
  * With --sample, the dev4k loop runs ITERS more times (default 300000)
  * under a SIGPROF timer of 1 ms of process CPU time (every thread's), and
@@ -186,6 +188,59 @@ static void fence_calls(CUstream s)
     GC_CHECK(cuEventDestroy(on_ctx));
 }
 
+/* Allocates n blocks of 4 KiB, synchronised: the GPU is idle after. */
+static void alloc_4k(CUdeviceptr *d, int n)
+{
+    for (int i = 0; i < n; i++)
+        GC_CHECK(cuMemAlloc(&d[i], 4096));
+    GC_CHECK(cuCtxSynchronize());
+}
+
+/* ns per block of the ways a device block can go back to the driver, on
+ * an idle GPU: cuMemFree; cuMemFreeAsync on an idle stream; the same
+ * behind a cuStreamWaitEvent of an event that has passed (a fenced free);
+ * and that cuStreamWaitEvent alone. */
+static void free_calls(CUstream s)
+{
+    const int M = N;
+    CUdeviceptr *d = calloc((size_t)M, sizeof *d);
+    if (!d)
+        gc_die("out of host memory");
+    CUevent ev;
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(cuEventRecord(ev, s));
+    unsigned long long t[4];
+    alloc_4k(d, M);
+    unsigned long long a = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuMemFree(d[i]));
+    t[0] = now_ns() - a;
+    alloc_4k(d, M);
+    a = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuMemFreeAsync(d[i], s));
+    t[1] = now_ns() - a;
+    GC_CHECK(cuStreamSynchronize(s));
+    alloc_4k(d, M);
+    a = now_ns();
+    for (int i = 0; i < M; i++) {
+        GC_CHECK(cuStreamWaitEvent(s, ev, 0));
+        GC_CHECK(cuMemFreeAsync(d[i], s));
+    }
+    t[2] = now_ns() - a;
+    GC_CHECK(cuStreamSynchronize(s));
+    a = now_ns();
+    for (int i = 0; i < M; i++)
+        GC_CHECK(cuStreamWaitEvent(s, ev, 0));
+    t[3] = now_ns() - a;
+    GC_CHECK(cuStreamSynchronize(s));
+    printf("frees  cuMemFree %.0f  cuMemFreeAsync %.0f  cuStreamWaitEvent+cuMemFreeAsync %.0f  "
+           "cuStreamWaitEvent %.0f ns\n", (double)t[0] / M, (double)t[1] / M, (double)t[2] / M,
+           (double)t[3] / M);
+    GC_CHECK(cuEventDestroy(ev));
+    free(d);
+}
+
 /* ---- the sampler ------------------------------------------------------------ */
 
 #define MAX_SAMPLES 400000
@@ -305,6 +360,7 @@ int main(int argc, char **argv)
     struct run r = {.k = &k, .s = s, .page = gc_xpages(4096)};
     run_loops(&r);
     fence_calls(s);
+    free_calls(s);
     if (sample_iters)
         sample(&r, sample_iters, offsets);
     GC_CHECK(cuStreamDestroy(s));

@@ -24,7 +24,8 @@
  * CUDEFER_DEVICE_CACHE, unless set, is 64k for odd seeds and the default
  * for even ones, so that both ways of handing device memory back run;
  * CUDEFER_DEVICE_CACHE_PEAK, unless set, is 0 for seeds 3, 7, 11... (the
- * cache held to 64k alone: the most evictions) and the default otherwise.
+ * cache held to 64k alone: the most evictions), 200 for seeds 2, 6, 10...
+ * and the default otherwise.
  *
  * The program. Every thread works in a home context (the primary context of
  * device 0, or a context of device 1 that main creates) with two streams of
@@ -1668,7 +1669,8 @@ int main(int argc, char **argv)
     }
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_DEVICE_CACHE", hx.seed % 2 ? "64k" : "256M", 0);
-    setenv("CUDEFER_DEVICE_CACHE_PEAK", hx.seed % 4 == 3 ? "0" : "1", 0);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", hx.seed % 4 == 3 ? "0" : hx.seed % 4 == 2 ? "200" : "100",
+           0);
     hx_watchdog_start();
 
     CUdevice dev0 = 0, dev1 = 1;

@@ -145,10 +145,15 @@ void cd_books_live(struct cd_ctx *c, size_t bytes, int sign)
     rise(&c->live_blocks, &c->peak_blocks, sign);
 }
 
-void cd_books_below_peak(struct cd_ctx *c, long long *bytes, long long *blocks)
+void cd_books_below_peak(struct cd_ctx *c, long long percent, long long *bytes,
+                         long long *blocks)
 {
-    *bytes = atomic_load(&c->peak_bytes) - atomic_load(&c->live_bytes);
-    *blocks = atomic_load(&c->peak_blocks) - atomic_load(&c->live_blocks);
+    /* Past 100 times the peak is as good as no bound, and the products
+     * stay far from overflow (2^47 bytes times 2^14). */
+    if (percent > 10000)
+        percent = 10000;
+    *bytes = atomic_load(&c->peak_bytes) * percent / 100 - atomic_load(&c->live_bytes);
+    *blocks = atomic_load(&c->peak_blocks) * percent / 100 - atomic_load(&c->live_blocks);
     if (*bytes < 0)
         *bytes = 0;
     if (*blocks < 0)

@@ -38,10 +38,11 @@ size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64
  * bytes and in blocks, is kept beside it. */
 void cd_books_live(struct cd_ctx *c, size_t bytes, int sign);
 
-/* How far the program's device memory in c is below its peaks, in bytes
- * and in blocks: the room that CUDEFER_DEVICE_CACHE_PEAK gives the device
- * cache. */
-void cd_books_below_peak(struct cd_ctx *c, long long *bytes, long long *blocks);
+/* How far the program's device memory in c is below percent of its peaks,
+ * in bytes and in blocks: the room that CUDEFER_DEVICE_CACHE_PEAK gives
+ * the device cache. */
+void cd_books_below_peak(struct cd_ctx *c, long long percent, long long *bytes,
+                         long long *blocks);
 
 /* Whether c's cache of device blocks holds more than bytes or blocks. */
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);

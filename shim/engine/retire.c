@@ -111,8 +111,8 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
 
 /* The device cache's bytes and count of blocks in c: CUDEFER_DEVICE_CACHE
  * (and its count, CD_CACHE_BLOCKS or one a MiB), or how far the program's
- * device memory in c is below its peaks (CUDEFER_DEVICE_CACHE_PEAK),
- * whichever is more. A training step that releases its activations and
+ * device memory in c is below CUDEFER_DEVICE_CACHE_PEAK percent of its
+ * peaks, whichever is more. A training step that releases its activations and
  * allocates them again in the next step is then served from the cache
  * however many and large they are, and the context never holds more than
  * the program once held itself. */
@@ -120,9 +120,10 @@ static void cache_limits(struct cd_ctx *c, long long *bytes, long long *blocks)
 {
     *bytes = cd_option_int(CD_OPT_DEVICE_CACHE);
     *blocks = *bytes >> 20 > CD_CACHE_BLOCKS ? *bytes >> 20 : CD_CACHE_BLOCKS;
-    if (*bytes && cd_option_bool(CD_OPT_DEVICE_CACHE_PEAK)) {
+    long long percent = cd_option_int(CD_OPT_DEVICE_CACHE_PEAK);
+    if (*bytes && percent) {
         long long room, count;
-        cd_books_below_peak(c, &room, &count);
+        cd_books_below_peak(c, percent, &room, &count);
         if (room > *bytes)
             *bytes = room;
         if (count > *blocks)
