@@ -404,7 +404,7 @@ int main(int argc, char **argv)
     setenv("CUDEFER_DEVICE_CACHE", "32k", 0);
     /* Odd seeds hold it to 32k alone; even ones let it keep up to the
      * program's peak (the default), which moves as the threads allocate. */
-    setenv("CUDEFER_DEVICE_CACHE_PEAK", seed % 2 ? "0" : "100", 0);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", seed % 2 ? "0" : "200", 0);
 
     pthread_t watchdog;
     if (pthread_create(&watchdog, NULL, watchdog_main, NULL) != 0) {

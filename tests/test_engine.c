@@ -1227,13 +1227,14 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     cr_expect(q == p[2] || q == p[3], "the newest blocks were not kept");
 }
 
-/* With CUDEFER_DEVICE_CACHE_PEAK (the default) the cache may keep what
- * brings the program's device memory back to its peak: a step that
+/* With CUDEFER_DEVICE_CACHE_PEAK=100 the cache may keep what brings the
+ * program's device memory back to its peak: a step that
  * releases more than CUDEFER_DEVICE_CACHE and allocates the same sizes
  * again is served from it, with no new block and no free. */
 Test(reuse, device_cache_keeps_up_to_the_peak, .timeout = 10)
 {
     setenv("CUDEFER_DEVICE_CACHE", "1M", 1);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", "100", 1);
     test_context();
     CUdeviceptr p[8], q[8];
     for (int step = 0; step < 3; step++) {
