@@ -11,8 +11,8 @@
  *           / cudefer_fill of the page / cuMemHostUnregister
  * and prints the mean ns of each call. Then the driver calls a fence is made
  * of, on an idle GPU: cuEventQuery of an event recorded on a stream and of
- * one recorded with cuCtxRecordEvent, cuCtxGetCurrent, cuCtxRecordEvent and
- * cuEventRecord (ns per call). And the ways a 4 KiB device block goes back
+ * one recorded with cuCtxRecordEvent, cuCtxGetCurrent, cuCtxRecordEvent,
+ * cuEventRecord, and a cuEventCreate with its cuEventDestroy (ns per call). And the ways a 4 KiB device block goes back
  * to the driver on an idle GPU: cuMemFree, cuMemFreeAsync, the same behind
  * a cuStreamWaitEvent of a passed event, and that wait alone (ns a block).
  *
@@ -180,10 +180,17 @@ static void fence_calls(CUstream s)
         GC_CHECK(cuEventRecord(on_stream, s));
     unsigned long long f = now_ns();
     GC_CHECK(cuCtxSynchronize());
+    for (int i = 0; i < M / 10; i++) {
+        CUevent ev;
+        GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+        GC_CHECK(cuEventDestroy(ev));
+    }
+    unsigned long long g = now_ns();
     printf("calls  query(stream's event) %.0f  query(context's record) %.0f  "
-           "cuCtxGetCurrent %.0f  cuCtxRecordEvent %.0f  cuEventRecord %.0f ns\n",
+           "cuCtxGetCurrent %.0f  cuCtxRecordEvent %.0f  cuEventRecord %.0f  "
+           "cuEventCreate+cuEventDestroy %.0f ns\n",
            (double)(b - a) / M, (double)(c - b) / M, (double)(d - c) / M,
-           (double)(e - d) / (M / 10), (double)(f - f0) / (M / 10));
+           (double)(e - d) / (M / 10), (double)(f - f0) / (M / 10), (double)(g - f) / (M / 10));
     GC_CHECK(cuEventDestroy(on_stream));
     GC_CHECK(cuEventDestroy(on_ctx));
 }

@@ -1319,6 +1319,46 @@ Test(reuse, device_cache_peak_is_what_was_held_at_once, .timeout = 10)
     cr_expect_geq(testdrv_calls("cuMemFreeAsync"), frees + 6, "expected six blocks evicted");
 }
 
+/* Each release's fence takes an event from its context's pool. A
+ * synchronisation keeps as many spare events as were out at once since the
+ * previous one, so a loop that releases as many blocks between two of its
+ * synchronisations makes no new events (nor destroys any) after its first
+ * round; cudefer_flush trims the pool back. */
+static uint64_t events_destroyed(void)
+{
+    return testdrv_calls("cuEventDestroy") + testdrv_calls("cuEventDestroy_v2");
+}
+
+Test(reuse, fence_events_kept_across_synchronisations, .timeout = 10)
+{
+    test_context();
+    enum { N = 300 };
+    CUdeviceptr p[N];
+    uint64_t made[3], gone[3];
+    for (int round = 0; round < 3; round++) {
+        uint64_t c0 = testdrv_calls("cuEventCreate"), d0 = events_destroyed();
+        /* New sizes each round: the cache serves none of them. */
+        for (int i = 0; i < N; i++)
+            CU_OK(cuMemAlloc(&p[i], (size_t)(round + 1) << 12));
+        for (int i = 0; i < N; i++)
+            CU_OK(cuMemFree(p[i]));
+        CU_OK(cuCtxSynchronize());
+        made[round] = testdrv_calls("cuEventCreate") - c0;
+        gone[round] = events_destroyed() - d0;
+    }
+    cr_expect_geq(made[0], N / 2, "the first round made %llu events", (unsigned long long)made[0]);
+    for (int round = 1; round < 3; round++) {
+        cr_expect_leq(made[round], 16, "round %d made %llu events", round,
+                      (unsigned long long)made[round]);
+        cr_expect_leq(gone[round], 16, "round %d destroyed %llu events", round,
+                      (unsigned long long)gone[round]);
+    }
+    uint64_t d0 = events_destroyed();
+    cudefer_flush();
+    cr_expect_geq(events_destroyed() - d0, N / 2,
+                  "cudefer_flush kept the spare events");
+}
+
 /* The count of cached blocks: 256 at the default limit, one a MiB of a
  * larger CUDEFER_DEVICE_CACHE (a model's many activations of a few MiB each
  * must not be bounded by their count instead). */

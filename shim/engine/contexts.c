@@ -550,6 +550,7 @@ static void forget_events(struct cd_ctx *c, const struct cd_driver_ops *ops, boo
     free(c->events);
     c->events = NULL;
     c->nevents = c->cap_events = 0;
+    c->events_out = c->events_out_most = 0;
     pthread_mutex_unlock(&c->pool_lock);
     pthread_mutex_lock(&c->streams_lock);
     for (size_t i = 0; alive && i < c->nstreams; i++)
@@ -589,16 +590,31 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
 
 /* ---- spare events ---------------------------------------------------------- */
 
+/* Counts an event handed out (1) or back (-1); under pool_lock. */
+static void events_out(struct cd_ctx *c, int delta)
+{
+    c->events_out += (size_t)delta;
+    if (c->events_out > c->events_out_most)
+        c->events_out_most = c->events_out;
+}
+
 CUresult cd_ctx_event_get(struct cd_ctx *c, CUevent *ev)
 {
     pthread_mutex_lock(&c->pool_lock);
     bool have = c->nevents > 0;
     if (have)
         *ev = c->events[--c->nevents];
+    events_out(c, 1);
     pthread_mutex_unlock(&c->pool_lock);
     if (have)
         return CUDA_SUCCESS;
-    return cd_driver_ops()->event_create(ev, CU_EVENT_DISABLE_TIMING);
+    CUresult rc = cd_driver_ops()->event_create(ev, CU_EVENT_DISABLE_TIMING);
+    if (rc != CUDA_SUCCESS) {
+        pthread_mutex_lock(&c->pool_lock);
+        events_out(c, -1);
+        pthread_mutex_unlock(&c->pool_lock);
+    }
+    return rc;
 }
 
 void cd_ctx_event_put(struct cd_ctx *c, CUevent ev)
@@ -610,19 +626,25 @@ void cd_ctx_event_put(struct cd_ctx *c, CUevent ev)
                               sizeof *c->events);
     if (kept)
         c->events[c->nevents++] = ev;
+    if (c->events_out)
+        events_out(c, -1);
     pthread_mutex_unlock(&c->pool_lock);
     if (!kept)
         cd_driver_ops()->event_destroy(ev);
 }
 
-void cd_ctx_event_trim(struct cd_ctx *c)
+void cd_ctx_event_trim(struct cd_ctx *c, bool all)
 {
     CUevent extra[64];
     size_t n;
+    pthread_mutex_lock(&c->pool_lock);
+    size_t keep = !all && c->events_out_most > PREFILL_EVENTS ? c->events_out_most : PREFILL_EVENTS;
+    c->events_out_most = c->events_out;
+    pthread_mutex_unlock(&c->pool_lock);
     do {
         n = 0;
         pthread_mutex_lock(&c->pool_lock);
-        while (c->nevents > PREFILL_EVENTS && n < 64)
+        while (c->nevents > keep && n < 64)
             extra[n++] = c->events[--c->nevents];
         pthread_mutex_unlock(&c->pool_lock);
         for (size_t i = 0; i < n; i++)

@@ -106,6 +106,7 @@ struct cd_ctx {
     pthread_mutex_t pool_lock;         /* spare events; a few instructions */
     CUevent *events;
     size_t nevents, cap_events;
+    size_t events_out, events_out_most; /* handed out now, and most since the last trim */
 
     /* Before driver 12.5 (fence.c): the streams the program created, each
      * with an event made in the stream's own context (owner: a green
@@ -234,10 +235,13 @@ bool cd_ctx_alias_remove(CUgreenCtx g, struct cd_alias *a);
 /* A spare event of c (made if the pool is empty), and its return. */
 CUresult cd_ctx_event_get(struct cd_ctx *c, CUevent *ev);
 void cd_ctx_event_put(struct cd_ctx *c, CUevent ev);
-/* Destroys the spare events beyond the few a context starts with: the pool
- * grows with the releases in flight and shrinks at flush points. c entered,
- * its context current. Does not wait. */
-void cd_ctx_event_trim(struct cd_ctx *c);
+/* Destroys spare events: with all, those beyond the few a context starts
+ * with; otherwise those beyond the most that were out at once since the
+ * last trim (a loop that releases as many blocks between two of its
+ * synchronisations makes no new events; a burst's go at the flush after
+ * the next). The pool grows with the releases in flight. c entered, its
+ * context current. Does not wait. */
+void cd_ctx_event_trim(struct cd_ctx *c, bool all);
 
 /* Makes ctx current for the calls between enter and leave (pushing it only
  * when it is not current already) and, with relaxed, puts the thread in

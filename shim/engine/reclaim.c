@@ -183,7 +183,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         release_one(c, r);
         released++;
     }
-    cd_ctx_event_trim(c);
+    cd_ctx_event_trim(c, why != CD_FLUSH_SYNC);
     cd_scope_leave(&sc);
     cd_books_transit(-(long long)n - 1);
     if (settle)
@@ -229,7 +229,7 @@ static void settle_and_trim(struct cd_ctx *c, void *arg)
     cd_waiter_settle(c, true);
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
-    cd_ctx_event_trim(c);
+    cd_ctx_event_trim(c, true);
     cd_fence_trim(c);
     cd_scope_leave(&sc);
 }
