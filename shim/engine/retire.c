@@ -91,6 +91,9 @@ static void note_saving(struct cd_ctx *c, struct cd_record *r)
 void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_link issued;
+    long long n = 0;
+    cd_list_init(&issued);
     while (!cd_list_empty(records)) {
         struct cd_record *r = CD_CONTAINER(records->next, struct cd_record, age);
         cd_list_remove(&r->age);
@@ -105,8 +108,10 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
             continue;
         }
         cd_retire_drop_event(c, r);
-        cd_waiter_add(c, r);
+        cd_list_append(&issued, &r->age);
+        n++;
     }
+    cd_waiter_add(c, &issued, n);
 }
 
 /* The device cache's bytes and count of blocks in c: CUDEFER_DEVICE_CACHE

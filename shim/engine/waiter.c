@@ -83,11 +83,13 @@ void cd_waiter_poke(void)
     wake();
 }
 
-void cd_waiter_add(struct cd_ctx *c, struct cd_record *r)
+void cd_waiter_add(struct cd_ctx *c, struct cd_link *list, long long n)
 {
-    atomic_fetch_add(&pending, 1);
+    if (!n)
+        return;
+    atomic_fetch_add(&pending, n);
     pthread_mutex_lock(&c->lock);
-    cd_list_append(&c->inflight, &r->age);
+    cd_list_splice(&c->inflight, list);
     pthread_mutex_unlock(&c->lock);
     wake();
 }

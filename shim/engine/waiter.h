@@ -30,9 +30,11 @@ void cd_waiter_on_visit(bool (*fn)(struct cd_ctx *c));
  * the visit above). Does not wait. */
 void cd_waiter_poke(void);
 
-/* A device free was issued for r (its fence event already given back):
- * the waiter settles it. c entered. Does not wait. */
-void cd_waiter_add(struct cd_ctx *c, struct cd_record *r);
+/* Device frees were issued for the n records of list (by their age links;
+ * their fence events already given back): the waiter settles them. One
+ * lock and at most one wake for the whole list (a synchronisation may hand
+ * over thousands). c entered. Does not wait. */
+void cd_waiter_add(struct cd_ctx *c, struct cd_link *list, long long n);
 
 /* A release of kind was made while the work before it still ran: the
  * waiter notes how long that work ran on, at least. While the newest
