@@ -145,6 +145,13 @@ void cd_books_live(struct cd_ctx *c, size_t bytes, int sign)
     rise(&c->live_blocks, &c->peak_blocks, sign);
 }
 
+void cd_books_forgotten(enum cd_retire_result res, const struct cd_forgotten *was)
+{
+    if (res == CD_RETIRED_NOW && was->ctx && was->kind == CD_DEVICE &&
+        atomic_load(&was->ctx->gen) == was->gen)
+        cd_books_live(was->ctx, was->bytes, -1);
+}
+
 void cd_books_below_peak(struct cd_ctx *c, long long percent, long long *bytes,
                          long long *blocks)
 {

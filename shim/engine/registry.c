@@ -225,7 +225,8 @@ void cd_registry_unretire(struct cd_record *r)
     pthread_mutex_unlock(&s->lock);
 }
 
-enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key)
+enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key,
+                                         struct cd_forgotten *was)
 {
     uint64_t h = hash(cls, key);
     struct shard *s = shard_of(h);
@@ -239,6 +240,8 @@ enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key)
             gone = unlink_at(s, link);
     }
     pthread_mutex_unlock(&s->lock);
+    if (was && gone && res == CD_RETIRED_NOW)
+        *was = (struct cd_forgotten){gone->ctx, gone->gen, gone->bytes, (enum cd_kind)gone->kind};
     free(gone);
     return res;
 }

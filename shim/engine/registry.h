@@ -91,12 +91,22 @@ void cd_registry_unretire(struct cd_record *r);
  * that outlived the context it was made in). */
 void cd_registry_move(struct cd_record *r, struct cd_ctx *ctx, unsigned gen);
 
+/* What a LIVE record that cd_registry_forget freed stood for. */
+struct cd_forgotten {
+    struct cd_ctx *ctx;
+    unsigned gen;
+    size_t bytes;
+    enum cd_kind kind;
+};
+
 /* Forgets the LIVE record or tomb of class cls and key, if any (the program
  * freed the object through a call cudefer does not defer, or an allocation
  * cudefer does not track returned that address). Returns what it was:
- * CD_NOT_FOUND, CD_RETIRED_NOW for a LIVE one (now freed), CD_ALREADY_RETIRED
- * for a RETIRED one (left alone), CD_WAS_TORN or CD_WAS_GONE. */
-enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key);
+ * CD_NOT_FOUND, CD_RETIRED_NOW for a LIVE one (now freed; *was, unless
+ * NULL, says what it was), CD_ALREADY_RETIRED for a RETIRED one (left
+ * alone), CD_WAS_TORN or CD_WAS_GONE. */
+enum cd_retire_result cd_registry_forget(enum cd_kind cls, uintptr_t key,
+                                         struct cd_forgotten *was);
 
 /* Ends a RETIRED record: with state CD_GONE (really released) or CD_TORN
  * (freed by its context's destruction) it becomes a tomb, for handle kinds

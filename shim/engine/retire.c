@@ -478,8 +478,9 @@ bool cd_free_async(CUdeviceptr ptr, CUresult *rc)
 
 void cd_free_async_done(CUdeviceptr ptr)
 {
+    struct cd_forgotten was;
     if (ptr && cd_engine_on())
-        cd_registry_forget(CD_DEVICE, (uintptr_t)ptr);
+        cd_books_forgotten(cd_registry_forget(CD_DEVICE, (uintptr_t)ptr, &was), &was);
 }
 
 void cd_ipc_exported(CUdeviceptr ptr)
@@ -490,6 +491,7 @@ void cd_ipc_exported(CUdeviceptr ptr)
 
 void cd_alloc_untracked(uintptr_t key)
 {
+    struct cd_forgotten was;
     if (key && cd_engine_on())
-        cd_registry_forget(CD_DEVICE, key);
+        cd_books_forgotten(cd_registry_forget(CD_DEVICE, key, &was), &was);
 }
