@@ -1359,6 +1359,134 @@ Test(reuse, fence_events_kept_across_synchronisations, .timeout = 10)
                   "cudefer_flush kept the spare events");
 }
 
+/* From the program's side, with threads: at any moment the threads all
+ * stop at, once the waiter has had its turn, the device memory the driver
+ * has out (the program's plus cudefer's cache) is at most
+ * CUDEFER_DEVICE_CACHE_PEAK percent of the most the program held at once,
+ * or what it holds plus CUDEFER_DEVICE_CACHE. The program counts a block
+ * as its own from before its allocation until after its release, so that
+ * its peak is at least the one cudefer sees. */
+#define PEAK_THREADS 4
+#define PEAK_ROUNDS 30
+#define PEAK_OPS 40
+#define PEAK_HELD 6
+
+struct peak_run {
+    CUcontext ctx;
+    pthread_barrier_t stop, go;
+    _Atomic long long live, peak;
+    long long percent;
+};
+
+struct peak_worker {
+    struct peak_run *run;
+    unsigned seed;
+};
+
+static void peak_note(struct peak_run *run, long long delta)
+{
+    long long now = atomic_fetch_add(&run->live, delta) + delta;
+    long long most = atomic_load(&run->peak);
+    while (now > most && !atomic_compare_exchange_weak(&run->peak, &most, now))
+        ;
+}
+
+static void *peak_thread(void *arg)
+{
+    static const size_t sizes[] = {4 << 10, 12 << 10, 64 << 10, 200 << 10,
+                                   512 << 10, 1 << 20, 3 << 20, 8 << 20};
+    struct peak_worker *w = arg;
+    CUdeviceptr held[PEAK_HELD];
+    size_t bytes[PEAK_HELD];
+    int n = 0;
+    if (cuCtxSetCurrent(w->run->ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    for (int round = 0; round < PEAK_ROUNDS; round++) {
+        for (int op = 0; op < PEAK_OPS; op++) {
+            if (n < PEAK_HELD && (n == 0 || rand_r(&w->seed) % 2)) {
+                size_t b = sizes[rand_r(&w->seed) % 8];
+                peak_note(w->run, (long long)b);
+                if (cuMemAlloc(&held[n], b) != CUDA_SUCCESS)
+                    return (void *)2;
+                bytes[n++] = b;
+            } else {
+                int i = (int)(rand_r(&w->seed) % (unsigned)n);
+                if (cuMemFree(held[i]) != CUDA_SUCCESS)
+                    return (void *)3;
+                peak_note(w->run, -(long long)bytes[i]);
+                held[i] = held[--n];
+                bytes[i] = bytes[n];
+            }
+        }
+        pthread_barrier_wait(&w->run->stop); /* main checks */
+        pthread_barrier_wait(&w->run->go);
+    }
+    while (n > 0) {
+        n--;
+        if (cuMemFree(held[n]) != CUDA_SUCCESS)
+            return (void *)3;
+        peak_note(w->run, -(long long)bytes[n]);
+    }
+    return NULL;
+}
+
+static void footprint_within_the_peak(const char *percent)
+{
+    struct peak_run run = {.percent = atoll(percent)};
+    setenv("CUDEFER_DEVICE_CACHE", "64k", 1);
+    setenv("CUDEFER_DEVICE_CACHE_PEAK", percent, 1);
+    run.ctx = test_context();
+    size_t base = testdrv_live_bytes(TESTDRV_DEVICE);
+    pthread_barrier_init(&run.stop, NULL, PEAK_THREADS + 1);
+    pthread_barrier_init(&run.go, NULL, PEAK_THREADS + 1);
+    pthread_t t[PEAK_THREADS];
+    struct peak_worker w[PEAK_THREADS];
+    for (int i = 0; i < PEAK_THREADS; i++) {
+        w[i] = (struct peak_worker){&run, 7u + (unsigned)i};
+        cr_assert_eq(pthread_create(&t[i], NULL, peak_thread, &w[i]), 0);
+    }
+    long long worst = 0, kept = 0;
+    for (int round = 0; round < PEAK_ROUNDS; round++) {
+        pthread_barrier_wait(&run.stop);
+        long long live = atomic_load(&run.live), peak = atomic_load(&run.peak);
+        long long bound = peak * run.percent / 100;
+        if (live + (64 << 10) > bound)
+            bound = live + (64 << 10);
+        long long out = 0;
+        for (int ms = 0; ms < 1000; ms++) {
+            out = (long long)(testdrv_live_bytes(TESTDRV_DEVICE) - base);
+            if (out <= bound)
+                break;
+            usleep(1000);
+        }
+        cr_expect_leq(out, bound, "round %d: %lld bytes out, the program holding %lld of a "
+                      "peak of %lld (bound %lld)", round, out, live, peak, bound);
+        worst = out - bound > worst ? out - bound : worst;
+        kept = out - live > kept ? out - live : kept;
+        pthread_barrier_wait(&run.go);
+    }
+    for (int i = 0; i < PEAK_THREADS; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_expect_null(ret, "thread %d: a call failed (%p)", i, ret);
+    }
+    /* The cache did keep blocks (the bound is not met by keeping none). */
+    cr_expect_gt(kept, 64 << 10, "the cache never held more than 64 KiB");
+    cr_expect_eq(testdrv_faults(), 0);
+    pthread_barrier_destroy(&run.stop);
+    pthread_barrier_destroy(&run.go);
+}
+
+Test(reuse, footprint_within_the_peak_at_100, .timeout = 60)
+{
+    footprint_within_the_peak("100");
+}
+
+Test(reuse, footprint_within_the_peak_at_200, .timeout = 60)
+{
+    footprint_within_the_peak("200");
+}
+
 /* The count of cached blocks: 256 at the default limit, one a MiB of a
  * larger CUDEFER_DEVICE_CACHE (a model's many activations of a few MiB each
  * must not be bounded by their count instead). */
