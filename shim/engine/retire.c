@@ -117,10 +117,11 @@ void cd_retire_free(struct cd_ctx *c, CUstream stream, struct cd_link *records)
 /* The device cache's bytes and count of blocks in c: CUDEFER_DEVICE_CACHE
  * (and its count, CD_CACHE_BLOCKS or one a MiB), or how far the program's
  * device memory in c is below CUDEFER_DEVICE_CACHE_PEAK percent of its
- * peaks, whichever is more. A training step that releases its activations and
- * allocates them again in the next step is then served from the cache
+ * peaks, whichever is more. A training step that releases its activations
+ * and allocates them again in the next step is then served from the cache
  * however many and large they are, and the context never holds more than
- * the program once held itself. */
+ * that percentage of what the program once held itself (100: no more; the
+ * default 200 leaves room for blocks the GPU has not finished with). */
 static void cache_limits(struct cd_ctx *c, long long *bytes, long long *blocks)
 {
     *bytes = cd_option_int(CD_OPT_DEVICE_CACHE);
