@@ -1487,6 +1487,39 @@ Test(reuse, footprint_within_the_peak_at_200, .timeout = 60)
     footprint_within_the_peak("200");
 }
 
+/* The report says what the program held at its peak (what
+ * CUDEFER_DEVICE_CACHE_PEAK is a percentage of) beside what the cache
+ * held: eight blocks of 512 KiB at once, then released and taken again. */
+static void eight_blocks_twice(void)
+{
+    test_context();
+    CUdeviceptr p[8];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 8; i++)
+            if (cuMemAlloc(&p[i], 512 << 10) != CUDA_SUCCESS)
+                exit(1);
+        for (int i = 0; i < 8; i++)
+            if (cuMemFree(p[i]) != CUDA_SUCCESS)
+                exit(1);
+        usleep(20000);
+    }
+    CUdeviceptr big;
+    /* One more, after the others went back: not a new peak. */
+    if (cuCtxSynchronize() != CUDA_SUCCESS || cuMemAlloc(&big, 3 << 20) != CUDA_SUCCESS ||
+        cuMemFree(big) != CUDA_SUCCESS)
+        exit(1);
+}
+
+Test(reuse, report_says_the_programs_peak, .timeout = 10)
+{
+    char text[8192];
+    report_of(eight_blocks_twice, text, sizeof text);
+    cr_expect_eq(json_number(text, "\"peak_program_device_bytes\": "), 8 * (512 << 10), "%s",
+                 text);
+    cr_expect_eq(json_number(text, "\"peak_cached_device_bytes\": "), 8 * (512 << 10), "%s",
+                 text);
+}
+
 /* The count of cached blocks: 256 at the default limit, one a MiB of a
  * larger CUDEFER_DEVICE_CACHE (a model's many activations of a few MiB each
  * must not be bounded by their count instead). */

@@ -58,6 +58,11 @@ void cd_stats_add_cached_device_bytes(int64_t delta)
     add_with_peak(&cd_stats.cached_device_bytes, &cd_stats.peak_cached_device_bytes, delta);
 }
 
+void cd_stats_add_program_device_bytes(int64_t delta)
+{
+    add_with_peak(&cd_stats.program_device_bytes, &cd_stats.peak_program_device_bytes, delta);
+}
+
 void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns, uint64_t longest_ns)
 {
     atomic_fetch_add(&cd_stats.avoided_ns[kind], ns);
@@ -103,9 +108,11 @@ static void print_text(void)
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.unregister_waits,
                (double)cd_stats.unregister_wait_ns / 1e6);
-    cd_log_raw("cudefer:   peak deferred bytes: %lld; peak cached device bytes: %lld\n",
+    cd_log_raw("cudefer:   peak deferred bytes: %lld; peak cached device bytes: %lld; "
+               "peak device bytes the program held: %lld\n",
                (long long)cd_stats.peak_deferred_bytes,
-               (long long)cd_stats.peak_cached_device_bytes);
+               (long long)cd_stats.peak_cached_device_bytes,
+               (long long)cd_stats.peak_program_device_bytes);
 }
 
 /* A JSON string (the program's name, the host, option values). */
@@ -207,13 +214,15 @@ static void write_json(const char *path)
     fprintf(f, "},\n  \"retries\": %llu,\n  \"retries_after_waiting\": %llu,\n"
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
-            "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld\n}\n",
+            "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
+            "  \"peak_program_device_bytes\": %lld\n}\n",
             (unsigned long long)(cd_stats.reclaims + cd_stats.reclaims_waited),
             (unsigned long long)cd_stats.reclaims_waited,
             (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
             (unsigned long long)cd_stats.unregister_waits,
             (double)cd_stats.unregister_wait_ns / 1e6, (long long)cd_stats.peak_deferred_bytes,
-            (long long)cd_stats.peak_cached_device_bytes);
+            (long long)cd_stats.peak_cached_device_bytes,
+            (long long)cd_stats.peak_program_device_bytes);
     fclose(f);
 }
 

@@ -45,6 +45,8 @@ struct cd_stats {
     _Atomic int64_t peak_deferred_bytes;
     _Atomic int64_t cached_device_bytes;       /* now, all contexts */
     _Atomic int64_t peak_cached_device_bytes;
+    _Atomic int64_t program_device_bytes;      /* the program holds now, all contexts */
+    _Atomic int64_t peak_program_device_bytes;
 };
 
 extern struct cd_stats cd_stats;
@@ -52,6 +54,8 @@ extern struct cd_stats cd_stats;
 const char *cd_flush_reason_name(enum cd_flush_reason why);
 void cd_stats_add_deferred_bytes(int64_t delta);
 void cd_stats_add_cached_device_bytes(int64_t delta);
+/* Device memory the program holds (tracked allocations not released). */
+void cd_stats_add_program_device_bytes(int64_t delta);
 /* ns of waiting avoided by releases of kind; the longest of them lasted
  * longest_ns. */
 void cd_stats_add_avoided(enum cd_kind kind, uint64_t ns, uint64_t longest_ns);

@@ -142,6 +142,7 @@ static long long rise(_Atomic long long *live, _Atomic long long *peak, long lon
 void cd_books_live(struct cd_ctx *c, size_t bytes, int sign)
 {
     rise(&c->live_bytes, &c->peak_bytes, sign * (long long)bytes);
+    cd_stats_add_program_device_bytes(sign * (long long)bytes);
     rise(&c->live_blocks, &c->peak_blocks, sign);
 }
 
