@@ -5,6 +5,7 @@
 #include "array.h"
 #include "driver.h"
 #include "log.h"
+#include "stats.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -577,7 +578,8 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     c->fence = NULL;
     c->priv = c->spare = NULL;
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
-    atomic_store(&c->live_bytes, 0);
+    /* The program's blocks in it went with the context. */
+    cd_stats_add_program_device_bytes(-atomic_exchange(&c->live_bytes, 0));
     atomic_store(&c->peak_bytes, 0);
     atomic_store(&c->live_blocks, 0);
     atomic_store(&c->peak_blocks, 0);
