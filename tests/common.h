@@ -5,9 +5,11 @@
 
 #include <criterion/criterion.h>
 #include <cuda.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "testdriver.h"
 
@@ -48,5 +50,36 @@ static inline uint64_t now_ns(void)
 }
 
 #define MS (1000000ull)
+
+/* A kernel that waits for the host: it runs until spin_release sets its
+ * flag, or a watchdog does after 2 s, so that a wrong wait ends (and is
+ * seen). */
+struct spin {
+    volatile int flag;
+    pthread_t watchdog;
+};
+
+static inline void *spin_watchdog(void *arg)
+{
+    struct spin *sp = arg;
+    for (int i = 0; i < 2000 && !sp->flag; i++)
+        usleep(1000);
+    sp->flag = 1;
+    return NULL;
+}
+
+/* Queues on s a kernel that runs until spin_release (or 2 s). */
+static inline void spin_start(struct spin *sp, CUstream s)
+{
+    sp->flag = 0;
+    CU_OK(testdrv_launch_spin(s, &sp->flag));
+    cr_assert_eq(pthread_create(&sp->watchdog, NULL, spin_watchdog, sp), 0);
+}
+
+static inline void spin_release(struct spin *sp)
+{
+    sp->flag = 1;
+    pthread_join(sp->watchdog, NULL);
+}
 
 #endif

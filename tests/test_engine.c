@@ -1643,33 +1643,16 @@ Test(fence, one_record_with_one_context, .timeout = 10)
 
 /* A kernel of device 1's context spins on a flag that the test sets only
  * after its calls in device 0's context, as a thread per GPU driving
- * collectives would; a watchdog sets it after 2 s so that a wrong wait
- * ends (and is seen). */
-struct spinner {
-    volatile int flag;
-    pthread_t watchdog;
-};
-
-static void *spinner_watchdog(void *arg)
-{
-    struct spinner *sp = arg;
-    for (int i = 0; i < 2000 && !sp->flag; i++)
-        usleep(1000);
-    sp->flag = 1;
-    return NULL;
-}
-
-static void spin_in(CUcontext ctx, struct spinner *sp)
+ * collectives would (common.h: a watchdog ends it after 2 s). */
+static void spin_in(CUcontext ctx, struct spin *sp)
 {
     CU_OK(cuCtxSetCurrent(ctx));
-    CU_OK(testdrv_launch_spin(test_stream(CU_STREAM_NON_BLOCKING), &sp->flag));
-    cr_assert_eq(pthread_create(&sp->watchdog, NULL, spinner_watchdog, sp), 0);
+    spin_start(sp, test_stream(CU_STREAM_NON_BLOCKING));
 }
 
-static void spin_end(CUcontext ctx, struct spinner *sp)
+static void spin_end(CUcontext ctx, struct spin *sp)
 {
-    sp->flag = 1;
-    pthread_join(sp->watchdog, NULL);
+    spin_release(sp);
     CU_OK(cuCtxSetCurrent(ctx));
     CU_OK(cuCtxSynchronize());
 }
@@ -1685,7 +1668,7 @@ static void own_synchronisation(enum what what)
     two_devices(&a, &b);
     CU_OK(cuCtxSetCurrent(a));
     struct object o = make(what);
-    struct spinner sp = {0};
+    struct spin sp = {0};
     spin_in(b, &sp);
     CU_OK(cuCtxSetCurrent(a));
     CU_OK(release(&o));
@@ -1806,7 +1789,7 @@ Test(across, uncached_block_freed_by_the_waiter, .timeout = 20)
     cr_assert_eq(cudefer_flush(), 0);
     CUdeviceptr buf;
     CU_OK(cuMemAlloc(&buf, 1 << 20));
-    struct spinner sp = {0};
+    struct spin sp = {0};
     spin_in(b, &sp);
     CU_OK(cuCtxSetCurrent(a));
     CU_OK(cuMemFree(buf));

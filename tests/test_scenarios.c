@@ -89,36 +89,6 @@ static CUlibrary library_loaded(CUfunction *fn)
     return lib;
 }
 
-/* ---- a kernel that waits for the host, released by a watchdog ------------ */
-
-struct spin {
-    volatile int flag;
-    pthread_t watchdog;
-};
-
-static void *spin_watchdog(void *arg)
-{
-    struct spin *sp = arg;
-    for (int i = 0; i < 2000 && !sp->flag; i++)
-        sleep_ms(1);
-    sp->flag = 1;
-    return NULL;
-}
-
-/* Queues on s a kernel that runs until spin_release (or 2 s). */
-static void spin_start(struct spin *sp, CUstream s)
-{
-    sp->flag = 0;
-    CU_OK(testdrv_launch_spin(s, &sp->flag));
-    cr_assert_eq(pthread_create(&sp->watchdog, NULL, spin_watchdog, sp), 0);
-}
-
-static void spin_release(struct spin *sp)
-{
-    sp->flag = 1;
-    pthread_join(sp->watchdog, NULL);
-}
-
 /* What one call cost the calling thread. */
 struct cost {
     uint64_t wait_calls;
