@@ -16,6 +16,23 @@
  * to the driver on an idle GPU: cuMemFree, cuMemFreeAsync, the same behind
  * a cuStreamWaitEvent of a passed event, and that wait alone (ns a block).
  *
+ * Then three ways of reusing a released device block, written out with the
+ * driver's calls (read them in the run without cudefer), over cudefer-loops'
+ * device rows (4 KiB and 64 MiB, light and full touch; us an iteration):
+ *   pool     cuMemAllocAsync / cuMemFreeAsync from the device's default
+ *            pool, release threshold at the maximum;
+ *   fenced   what cudefer does: a release records a fence
+ *            (cuCtxRecordEvent); an allocation takes the oldest released
+ *            block whose fence has passed, else makes a new one (cuMemAlloc;
+ *            at 16 blocks out it waits for the oldest fence instead);
+ *   barrier  an allocation takes the newest released block at once and
+ *            makes every later work of the context wait for its fence on
+ *            the GPU (cuCtxWaitEvent, driver 12.5+).
+ * And what that barrier does to another stream: a kernel of 50 ms writes a
+ * block, which is released; the next allocation on another thread's stream
+ * takes it (barrier) or a new one (fenced), and that stream's tiny kernel is
+ * timed to its end (ms).
+ *
  * With --sample, the dev4k loop runs ITERS more times (default 300000)
  * under a SIGPROF timer of 1 ms of process CPU time (every thread's), and
  * the sampled program counters are printed per library and, where the
@@ -248,6 +265,191 @@ static void free_calls(CUstream s)
     free(d);
 }
 
+/* ---- ways of reusing a released block ---------------------------------------- */
+
+enum policy { P_POOL, P_FENCED, P_BARRIER, P_COUNT };
+static const char *const policy_names[P_COUNT] = {"pool", "fenced", "barrier"};
+
+#define RING 16
+
+/* Released blocks, oldest first, each with its fence. */
+struct ring {
+    CUdeviceptr d[RING];
+    CUevent ev[RING];
+    int head, n;
+    CUevent spare[RING + 1];
+    int nspare;
+};
+
+static CUevent ring_event(struct ring *q)
+{
+    if (q->nspare)
+        return q->spare[--q->nspare];
+    CUevent ev;
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    return ev;
+}
+
+static void ring_put(struct ring *q, CUcontext ctx, CUdeviceptr d)
+{
+    CUevent ev = ring_event(q);
+    GC_CHECK(cuCtxRecordEvent(ctx, ev));
+    int i = (q->head + q->n) % RING;
+    q->d[i] = d;
+    q->ev[i] = ev;
+    q->n++;
+}
+
+/* Takes the oldest (newest: false) released block; its fence in *ev. */
+static CUdeviceptr ring_take(struct ring *q, bool oldest, CUevent *ev)
+{
+    int i = oldest ? q->head : (q->head + q->n - 1) % RING;
+    if (oldest)
+        q->head = (q->head + 1) % RING;
+    q->n--;
+    *ev = q->ev[i];
+    return q->d[i];
+}
+
+static CUdeviceptr policy_alloc(enum policy p, struct ring *q, CUcontext ctx, CUstream s,
+                                size_t bytes)
+{
+    CUdeviceptr d;
+    CUevent ev;
+    switch (p) {
+    case P_POOL:
+        GC_CHECK(cuMemAllocAsync(&d, bytes, s));
+        return d;
+    case P_FENCED:
+        if (q->n && (q->n == RING || cuEventQuery(q->ev[q->head]) == CUDA_SUCCESS)) {
+            d = ring_take(q, true, &ev);
+            GC_CHECK(cuEventSynchronize(ev)); /* passed, or the ring is full */
+            q->spare[q->nspare++] = ev;
+            return d;
+        }
+        GC_CHECK(cuMemAlloc(&d, bytes));
+        return d;
+    case P_BARRIER:
+        if (q->n) {
+            d = ring_take(q, false, &ev);
+            GC_CHECK(cuCtxWaitEvent(ctx, ev));
+            q->spare[q->nspare++] = ev;
+            return d;
+        }
+        GC_CHECK(cuMemAlloc(&d, bytes));
+        return d;
+    default:
+        gc_die("no policy %d", (int)p);
+        return 0;
+    }
+}
+
+static void policy_free(enum policy p, struct ring *q, CUcontext ctx, CUstream s, CUdeviceptr d)
+{
+    if (p == P_POOL)
+        GC_CHECK(cuMemFreeAsync(d, s));
+    else
+        ring_put(q, ctx, d);
+}
+
+/* Gives back every block and event of q (synchronised first). */
+static void ring_drain(struct ring *q)
+{
+    GC_CHECK(cuCtxSynchronize());
+    while (q->n) {
+        CUevent ev;
+        GC_CHECK(cuMemFree(ring_take(q, true, &ev)));
+        GC_CHECK(cuEventDestroy(ev));
+    }
+    while (q->nspare)
+        GC_CHECK(cuEventDestroy(q->spare[--q->nspare]));
+}
+
+/* us an iteration of allocate / touch / release with policy p, the second
+ * of two runs (the first warms up; the pool keeps its memory between). */
+static double policy_loop(enum policy p, const struct gc_kernels *k, CUcontext ctx, CUstream s,
+                          size_t bytes, bool full, int iters)
+{
+    struct ring q = {.n = 0};
+    double us = 0;
+    for (int run = 0; run < 2; run++) {
+        GC_CHECK(cuCtxSynchronize());
+        double t0 = gc_now_ms();
+        for (int i = 0; i < iters; i++) {
+            CUdeviceptr d = policy_alloc(p, &q, ctx, s, bytes);
+            GC_CHECK(full ? gc_fill(k, s, d, bytes) : gc_touch(k, s, d, 16));
+            policy_free(p, &q, ctx, s, d);
+        }
+        GC_CHECK(cuCtxSynchronize());
+        us = (gc_now_ms() - t0) * 1e3 / iters;
+    }
+    ring_drain(&q);
+    return us;
+}
+
+/* ms from a tiny kernel's launch on stream `other` to its end, right after
+ * an allocation with policy p that follows the release of a block a 50 ms
+ * kernel on s still writes. */
+static double policy_other_stream(enum policy p, const struct gc_kernels *k, CUcontext ctx,
+                                  CUstream s, CUstream other)
+{
+    struct ring q = {.n = 0};
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, 4096));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(gc_spin(k, s, 50.0, d, 16));
+    ring_put(&q, ctx, d);
+    CUdeviceptr e = policy_alloc(p, &q, ctx, other, 4096);
+    double t0 = gc_now_ms();
+    GC_CHECK(gc_touch(k, other, e, 16));
+    GC_CHECK(cuStreamSynchronize(other));
+    double ms = gc_now_ms() - t0;
+    GC_CHECK(cuCtxSynchronize());
+    if (e != d)
+        GC_CHECK(cuMemFree(e));
+    ring_drain(&q);
+    return ms;
+}
+
+static void policies(const struct gc_kernels *k, CUstream s)
+{
+    CUcontext ctx;
+    GC_CHECK(cuCtxGetCurrent(&ctx));
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    CUmemoryPool pool;
+    GC_CHECK(cuDeviceGetDefaultMemPool(&pool, dev));
+    cuuint64_t max = UINT64_MAX;
+    GC_CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+    static const struct {
+        const char *name;
+        size_t bytes;
+        bool full;
+        int share;
+    } rows[] = {
+        {"dev4k light ", 4096, false, 1},        {"dev4k full  ", 4096, true, 1},
+        {"dev64m light", 64 << 20, false, 10}, {"dev64m full ", 64 << 20, true, 10},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        int iters = N / rows[i].share;
+        printf("reuse  %s", rows[i].name);
+        for (int p = 0; p < P_COUNT; p++)
+            printf("  %s %.2f", policy_names[p],
+                   policy_loop((enum policy)p, k, ctx, s, rows[i].bytes, rows[i].full, iters));
+        printf(" us\n");
+    }
+    cuuint64_t zero = 0;
+    GC_CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero));
+    GC_CHECK(cuMemPoolTrimTo(pool, 0));
+    CUstream other;
+    GC_CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    double fenced = policy_other_stream(P_FENCED, k, ctx, s, other);
+    double barrier = policy_other_stream(P_BARRIER, k, ctx, s, other);
+    printf("other stream's kernel after the allocation  fenced %.3f  barrier %.3f ms "
+           "(the released block's kernel: 50 ms)\n", fenced, barrier);
+    GC_CHECK(cuStreamDestroy(other));
+}
+
 /* ---- the sampler ------------------------------------------------------------ */
 
 #define MAX_SAMPLES 400000
@@ -368,6 +570,7 @@ int main(int argc, char **argv)
     run_loops(&r);
     fence_calls(s);
     free_calls(s);
+    policies(&k, s);
     if (sample_iters)
         sample(&r, sample_iters, offsets);
     GC_CHECK(cuStreamDestroy(s));

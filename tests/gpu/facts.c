@@ -18,6 +18,11 @@
  *                release, stream-ordered or not, and pointer queries
  *   query        what a pointer query costs on live memory (what an exact
  *                answer for blocks cudefer holds would add to each)
+ *   vmm          what the virtual memory calls (cuMemAddressReserve,
+ *                cuMemCreate, cuMemMap, cuMemSetAccess; cuMemUnmap,
+ *                cuMemRelease, cuMemAddressFree) cost on an idle GPU, and
+ *                whether the releasing ones wait for a kernel that runs on
+ *                another stream (cuMemFree beside them, which does)
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -514,6 +519,104 @@ static int fact_query(void)
     return 0;
 }
 
+/* ---- the virtual memory calls ---------------------------------------------- */
+
+struct vmm_block {
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    size_t bytes;
+};
+
+/* One block as JAX's platform allocator makes it (jax 0.11): reserve,
+ * create, map, give the device access. Adds each call's time to t[0..3]. */
+static void vmm_make(struct vmm_block *b, CUdevice dev, size_t bytes, double t[4])
+{
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
+    CUmemAccessDesc access = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, dev},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    b->bytes = bytes;
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemAddressReserve(&b->va, bytes, 0, 0, 0));
+    double t1 = gc_now_ms();
+    GC_CHECK(cuMemCreate(&b->h, bytes, &prop, 0));
+    double t2 = gc_now_ms();
+    GC_CHECK(cuMemMap(b->va, bytes, 0, b->h, 0));
+    double t3 = gc_now_ms();
+    GC_CHECK(cuMemSetAccess(b->va, bytes, &access, 1));
+    double t4 = gc_now_ms();
+    t[0] += t1 - t0, t[1] += t2 - t1, t[2] += t3 - t2, t[3] += t4 - t3;
+}
+
+/* Its release, in the order JAX makes it: unmap, release, free the range.
+ * Adds each call's time to t[0..2]. */
+static void vmm_drop(struct vmm_block *b, double t[3])
+{
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemUnmap(b->va, b->bytes));
+    double t1 = gc_now_ms();
+    GC_CHECK(cuMemRelease(b->h));
+    double t2 = gc_now_ms();
+    GC_CHECK(cuMemAddressFree(b->va, b->bytes));
+    double t3 = gc_now_ms();
+    t[0] += t1 - t0, t[1] += t2 - t1, t[2] += t3 - t2;
+}
+
+static int fact_vmm(void)
+{
+    gc_init();
+    load_kernels();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
+    size_t gran = 0;
+    GC_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUstream s, other;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    /* Idle: n blocks of the granularity made and dropped, each used by a
+     * kernel that fills it. */
+    enum { N = 200 };
+    double make[4] = {0}, drop[3] = {0};
+    for (int i = 0; i < N; i++) {
+        struct vmm_block b;
+        vmm_make(&b, dev, gran, make);
+        GC_CHECK(fill_all(s, b.va, b.bytes));
+        GC_CHECK(cuStreamSynchronize(s));
+        vmm_drop(&b, drop);
+    }
+    printf("RESULT vmm_idle bytes=%zu reserve_us=%.2f create_us=%.2f map_us=%.2f access_us=%.2f "
+           "unmap_us=%.2f release_us=%.2f address_free_us=%.2f\n", gran, make[0] * 1e3 / N,
+           make[1] * 1e3 / N, make[2] * 1e3 / N, make[3] * 1e3 / N, drop[0] * 1e3 / N,
+           drop[1] * 1e3 / N, drop[2] * 1e3 / N);
+    /* Busy: a 300 ms kernel on another stream, which does not touch the
+     * block; each release call timed while it runs. Then cuMemFree the
+     * same way. */
+    struct vmm_block b;
+    double unused[4] = {0}, busy[3] = {0};
+    vmm_make(&b, dev, gran, unused);
+    GC_CHECK(fill_all(s, b.va, b.bytes));
+    GC_CHECK(cuStreamSynchronize(s));
+    GC_CHECK(gc_spin(&kernels, other, 300.0, 0, 0));
+    gc_sleep_ms(20);
+    vmm_drop(&b, busy);
+    CUresult q = cuStreamQuery(other);
+    GC_CHECK(cuCtxSynchronize());
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, gran));
+    GC_CHECK(gc_spin(&kernels, other, 300.0, 0, 0));
+    gc_sleep_ms(20);
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemFree(d));
+    double free_ms = gc_now_ms() - t0;
+    GC_CHECK(cuCtxSynchronize());
+    printf("RESULT vmm_busy kernel_ms=300 unmap_ms=%.3f release_ms=%.3f address_free_ms=%.3f "
+           "kernel_still_running=%d mem_free_ms=%.3f\n", busy[0], busy[1], busy[2],
+           q == CUDA_ERROR_NOT_READY, free_ms);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -522,7 +625,7 @@ int main(int argc, char **argv)
     } facts[] = {
         {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
-        {"freed", fact_freed},     {"query", fact_query},
+        {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
