@@ -37,7 +37,10 @@
  * by the rule of its name (the table `rules` below; every name of the list
  * of wrapped names must have a row, or the run fails):
  *  - must not wait: no call that may wait reached the driver (wait_calls
- *    delta 0) and the thread was blocked in the driver less than 2 ms:
+ *    delta 0), the thread was blocked in the driver less than 2 ms, and it
+ *    did not wait for the epoch's kernels by polling (a call of 15 ms or
+ *    more that returned within 3 ms of the flag of an epoch whose kernels
+ *    ran when it began: judge_wall):
  *    cuMemFree*, cuMemFreeHost, cuArrayDestroy, cuMipmappedArrayDestroy,
  *    cuModuleUnload, cuLibraryUnload, every allocation (cuMemAlloc*,
  *    cuMemAllocPitch*, cuMemAllocManaged, cuMemAllocHost*, cuMemHostAlloc,
@@ -45,7 +48,11 @@
  *    cuLibraryLoad*, cuMemAllocAsync*, cuMemAllocFromPoolAsync*,
  *    cuMemCreate) unless it would otherwise fail for lack of memory (below),
  *    and cudefer's reuse of released blocks (allocations of the sizes just
- *    released), cuMemHostRegister* of a range that overlaps no registration
+ *    released: the churn operation), except a cuMemAllocManaged of a size
+ *    this thread released in that context in the same epoch, which may
+ *    wait for that block (cudefer waits for a managed block the same thread
+ *    released while the GPU used it, as the driver's release would have),
+ *    cuMemHostRegister* of a range that overlaps no registration
  *    whose unregister is pending, cuStreamCreate*, cuGreenCtxStreamCreate,
  *    cuStreamDestroy*, cuStreamBeginCapture*, cuStreamEndCapture*,
  *    cuCtxCreate*, cuCtxFromGreenCtx, cuGreenCtxDestroy (the driver alone
@@ -117,6 +124,7 @@
 #define REG_PAGES 16
 #define PAGE 4096
 #define EVENTS 6
+#define DEBTS 64
 #define NEPOCH 1024            /* epochs remembered */
 #define NO_WAIT_BLOCKED_NS 2000000u
 #define OOM_SLACK ((size_t)64 << 10) /* cudefer's own small allocations */
@@ -491,6 +499,16 @@ struct worker {
     bool capturing;               /* a RELAXED capture of span_or_home stream 0 is live */
     CUgraph graph;
     unsigned long long oom_waits, overlap_waits, last_releases;
+    /* The newest managed blocks this thread released: an allocation of
+     * the size of one of them in its context may have waited for it (the
+     * rule of R_ALLOC). */
+    struct debt {
+        CUdeviceptr d;
+        size_t bytes;
+        struct hx_ctx *ctx;
+        long epoch; /* when it was released */
+    } debts[DEBTS];
+    int ndebts;
 };
 
 static struct worker workers[HX_MAX_THREADS];
@@ -552,6 +570,8 @@ struct probe {
     long epoch;
     unsigned long long waits_begun; /* waits_started at the beginning */
     bool waits_under_way;           /* a call allowed to wait ran at the beginning */
+    bool debt;                      /* an allocation of managed memory of a size
+                                       this thread released: it may have waited */
 };
 
 /* Calls allowed to wait (a flush, a context's end, an allocation short of
@@ -590,6 +610,7 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     hx_begin(&w->t, "%s", p->what);
     p->name = name;
     p->blocked_only = false;
+    p->debt = false;
     p->row = rule_index(name);
     p->waits_under_way = atomic_load(&waits_inflight) > 0; /* this call's own not yet counted */
     if (p->row >= 0 && stalls_fences(name, rules[p->row].rule)) {
@@ -602,6 +623,38 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     p->blocked_ns = testdrv_thread_blocked_ns();
     p->foreign_syncs = testdrv_thread_foreign_syncs();
     p->t0 = hx_now_ns();
+}
+
+/* A wait for the GPU that the test driver cannot count: cudefer polling a
+ * fence (an allocation waiting for a released block). The work in every
+ * fence here is the epochs' kernels, which wait for the host: a call that
+ * waits for them returns just after main sets an epoch's flag, having
+ * begun well before it. A call that takes WALL_WAIT_NS and returns within
+ * WALL_AFTER_FLAG_NS after the flag of an epoch whose kernels ran when it
+ * began waited for them. Calls that overlapped a call allowed to wait are
+ * not judged (that one may hold the context, and release it at the flag). */
+#define WALL_WAIT_NS 15000000ull
+#define WALL_AFTER_FLAG_NS 3000000ull
+
+static void judge_wall(struct worker *w, const struct probe *p, uint64_t t1)
+{
+    if (t1 - p->t0 < WALL_WAIT_NS || p->waits_under_way ||
+        p->waits_begun != atomic_load(&waits_started) || atomic_load(&waits_ended_ns) > p->t0)
+        return;
+    long now = atomic_load(&epoch_now);
+    for (long e = p->epoch < 0 ? 0 : p->epoch; e <= now; e++) {
+        uint64_t launched = atomic_load(&epoch_launch_ns[e % NEPOCH]);
+        uint64_t released = atomic_load(&epoch_flag_ns[e % NEPOCH]);
+        if (!released || launched >= p->t0 || released <= p->t0 || released > t1)
+            continue;
+        if (t1 - released <= WALL_AFTER_FLAG_NS)
+            hx_fail(&w->t, "no-wait-polled",
+                    "%s must not wait, yet it took %.2f ms and returned %.2f ms after the "
+                    "kernels of epoch %ld (running when it began) were let go: it waited for "
+                    "them: %s", p->name, (double)(t1 - p->t0) / 1e6,
+                    (double)(t1 - released) / 1e6, e, p->what);
+        return;
+    }
 }
 
 /* Ends the measure of a call and judges it by its rule; allowed: the
@@ -640,6 +693,8 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
     bool judged = rule == R_NO_WAIT ||
                   ((rule == R_ALLOC || rule == R_REGISTER || rule == R_RELEASE_PRIMARY) &&
                    !allowed);
+    if (judged && !waited && !p->debt)
+        judge_wall(w, p, t1);
     if (judged && waited)
         hx_fail(&w->t, "no-wait",
                 "%s must not wait%s, yet it made %llu calls that wait for the GPU and was "
@@ -767,6 +822,38 @@ static size_t pick_size(struct worker *w)
     return sizes[hx_below(&w->t, 6)];
 }
 
+static void note_managed_release(struct worker *w, const struct obj *o)
+{
+    w->debts[w->ndebts++ % DEBTS] =
+        (struct debt){(CUdeviceptr)o->h, o->size, o->ctx, atomic_load(&epoch_now)};
+}
+
+/* Whether this thread released a managed block of n bytes in c that it has
+ * not got back, in epoch `since` or later (the one at d, else the oldest;
+ * it is forgotten). The allocation, begun in epoch `since`, may then have
+ * waited for it: for its context's part of its fence (whose kernels are
+ * the ones running at the release: those of an earlier epoch had ended
+ * when this one began), and cudefer may still have given a new block when
+ * the other contexts' part had not passed. */
+static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdeviceptr d, long since)
+{
+    int count = w->ndebts < DEBTS ? w->ndebts : DEBTS, found = -1;
+    for (int k = 0; k < count; k++) {
+        int i = (w->ndebts - count + k) % DEBTS; /* oldest first */
+        struct debt *b = &w->debts[i];
+        if (!b->d || b->ctx != c || b->bytes != n || b->epoch < since)
+            continue;
+        if (b->d == d || found < 0)
+            found = i;
+        if (b->d == d)
+            break;
+    }
+    if (found < 0)
+        return false;
+    w->debts[found].d = 0;
+    return true;
+}
+
 static int free_pages(struct worker *w, int want)
 {
     int start = (int)hx_below(&w->t, REG_PAGES);
@@ -782,20 +869,13 @@ static int free_pages(struct worker *w, int want)
 
 static const char image[] = "// any image loads in the test driver\n";
 
-static void allocate(struct worker *w)
+/* One allocation with call a, of n bytes where the call takes a size; the
+ * object joins w->held (room for it is the caller's). */
+static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
 {
     struct hx_ctx *c = cur(w);
-    enum alloc_call a = (enum alloc_call)hx_below(&w->t, A_CALLS);
-    /* The test driver's loads wait for the GPU (as the real driver's do):
-     * only in a context of the thread's own, and rarely. */
-    if (a >= A_MODULE && (w->span != SPAN_OWN || hx_below(&w->t, 3)))
-        a = A_DEVICE;
-    /* Stream-ordered allocations go on a stream that does not capture. */
-    if ((a >= A_ASYNC && a <= A_POOL_PTSZ) && w->capturing)
-        a = A_MANAGED;
     const char *name = alloc_names[a];
     struct obj o = {.ctx = c, .page = -1};
-    size_t n = pick_size(w);
     CUresult rc = CUDA_SUCCESS;
     struct probe p;
     bool overlap = false;
@@ -823,6 +903,9 @@ static void allocate(struct worker *w)
         acct_begin(w->t.index, CLS_DEVICE, n);
         probe_begin(w, &p, name, "(%zu) in %s", n, c->name);
         rc = a == A_DEVICE ? cuMemAlloc(&d, n) : cuMemAllocManaged(&d, n, CU_MEM_ATTACH_GLOBAL);
+        /* It may have waited for a block this thread released while the
+         * GPU still ran (a release the driver would have made wait). */
+        p.debt = a == A_MANAGED && rc == CUDA_SUCCESS && managed_debt(w, c, n, d, p.epoch);
         o.h = (uintptr_t)d;
         break;
     }
@@ -1009,6 +1092,51 @@ static void allocate(struct worker *w)
     w->held[w->nheld++] = o;
 }
 
+static void allocate(struct worker *w)
+{
+    enum alloc_call a = (enum alloc_call)hx_below(&w->t, A_CALLS);
+    /* The test driver's loads wait for the GPU (as the real driver's do):
+     * only in a context of the thread's own, and rarely. */
+    if (a >= A_MODULE && (w->span != SPAN_OWN || hx_below(&w->t, 3)))
+        a = A_DEVICE;
+    /* Stream-ordered allocations go on a stream that does not capture. */
+    if ((a >= A_ASYNC && a <= A_POOL_PTSZ) && w->capturing)
+        a = A_MANAGED;
+    allocate_with(w, a, pick_size(w));
+}
+
+static void release(struct worker *w, int i);
+
+/* A program's loop: CHURN blocks of one kind and size allocated and
+ * released (fill), then allocated again (drain), or only one of the two,
+ * while the epoch's kernels run. A drain after fills, this thread's or
+ * another's, finds its bin full of blocks whose fences have not passed
+ * (the case where cudefer may wait for one): it must not wait, except a
+ * managed allocation for a block this thread released. */
+#define CHURN 5
+
+static void churn(struct worker *w)
+{
+    static const enum alloc_call calls[] = {A_DEVICE, A_MANAGED, A_HOST};
+    enum alloc_call a = calls[hx_below(&w->t, 3)];
+    size_t n = hx_below(&w->t, 2) ? 16384 : 65536;
+    unsigned mode = hx_below(&w->t, 3); /* 0: fill, 1: fill and drain, 2: drain */
+    hx_note(&w->t, "-- %d %s of %zu bytes: %s", CHURN, alloc_names[a], n,
+            mode == 0 ? "fill" : mode == 1 ? "fill and drain" : "drain");
+    while (w->nheld > HELD - CHURN)
+        release(w, (int)hx_below(&w->t, (unsigned)w->nheld));
+    int first = w->nheld;
+    for (int k = 0; k < CHURN; k++)
+        allocate_with(w, a, n);
+    if (mode == 2)
+        return;
+    while (w->nheld > first)
+        release(w, w->nheld - 1);
+    if (mode == 1)
+        for (int k = 0; k < CHURN; k++)
+            allocate_with(w, a, n);
+}
+
 /* ---- releases --------------------------------------------------------------------------- */
 
 static void end_capture(struct worker *w);
@@ -1033,6 +1161,8 @@ static void release(struct worker *w, int i)
         name = "cuMemFree_v2";
         probe_begin(w, &p, name, "(%s %#lx)", kinds[o.kind].name, (unsigned long)o.h);
         rc = cuMemFree((CUdeviceptr)o.h);
+        if (o.kind == K_MANAGED && rc == CUDA_SUCCESS)
+            note_managed_release(w, &o);
         break;
     case K_HOST32:
     case K_HOST:
@@ -1602,8 +1732,10 @@ static void one_operation(struct worker *w)
             allocate(w);
         else
             release(w, (int)hx_below(&w->t, (unsigned)w->nheld));
-    } else if (pick < 720) {
+    } else if (pick < 690) {
         launch(w);
+    } else if (pick < 720) {
+        churn(w);
     } else if (pick < 740) {
         launch_function(w);
     } else if (pick < 790) {

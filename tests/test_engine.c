@@ -935,6 +935,128 @@ Test(reuse, device_after_its_fence, .timeout = 10) { reuse_after_fence(DEVICE); 
 Test(reuse, pinned_host_after_its_fence, .timeout = 10) { reuse_after_fence(HOST); }
 Test(reuse, managed_after_its_fence, .timeout = 10) { reuse_after_fence(MANAGED); }
 
+/* A managed block costs little to allocate and much at its first use (the
+ * GPU faults its pages in), so an allocation of managed memory may wait for
+ * a block of its size that the same thread released while a kernel still
+ * ran: the driver's release would have made that thread wait as long.
+ * Another thread's release, or device memory, is not waited for beyond the
+ * measured cost of an allocation. */
+#define BIG ((size_t)64 << 20)
+
+struct big_block {
+    bool managed;
+    CUdeviceptr d;
+    uint64_t release_ns;
+};
+
+static CUdeviceptr big_alloc(bool managed)
+{
+    CUdeviceptr d;
+    if (managed)
+        CU_OK(cuMemAllocManaged(&d, BIG, CU_MEM_ATTACH_GLOBAL));
+    else
+        CU_OK(cuMemAlloc(&d, BIG));
+    return d;
+}
+
+/* Allocates a block, queues a 300 ms kernel writing it, releases it (timed)
+ * and returns it. */
+static void big_released_under_a_kernel(struct big_block *b, CUstream s, CUevent after)
+{
+    b->d = big_alloc(b->managed);
+    CU_OK(testdrv_launch(s, 300000, b->d, 4096, TESTDRV_WRITE));
+    CU_OK(cuEventRecord(after, s));
+    uint64_t t0 = now_ns();
+    CU_OK(cuMemFree(b->d));
+    b->release_ns = now_ns() - t0;
+}
+
+static void *big_release_thread(void *arg)
+{
+    struct big_block *b = arg;
+    CU_OK(cuCtxSetCurrent(test_context()));
+    CUstream s;
+    CUevent after;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+    big_released_under_a_kernel(b, s, after);
+    return NULL;
+}
+
+Test(reuse, managed_waits_for_what_its_own_release_skipped, .timeout = 20)
+{
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CUevent after;
+    CU_OK(cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+    struct big_block b = {.managed = true};
+    big_released_under_a_kernel(&b, s, after);
+    cr_expect_lt(b.release_ns, 50 * MS, "the release waited %llu ms",
+                 (unsigned long long)(b.release_ns / MS));
+    uint64_t calls = testdrv_calls("cuMemAllocManaged");
+    uint64_t t0 = now_ns();
+    CUdeviceptr e = big_alloc(true);
+    uint64_t took = now_ns() - t0;
+    /* The kernel had ended when the block came back. */
+    cr_expect_eq(cuEventQuery(after), CUDA_SUCCESS,
+                 "the block was handed back while its kernel still ran");
+    cr_expect_eq(e, b.d, "the allocation did not wait for the block its thread released");
+    cr_expect_eq(testdrv_calls("cuMemAllocManaged"), calls, "the driver allocated anyway");
+    cr_expect_gt(took, 100 * MS, "the allocation returned after %llu ms, before the kernel ended",
+                 (unsigned long long)(took / MS));
+    CU_OK(cuMemFree(e));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_live(TESTDRV_MANAGED), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* The released block, another allocation of its size made at once by the
+ * main thread, and whether that one waited. */
+static void big_no_wait(struct big_block *b, bool other_thread)
+{
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CUevent after;
+    CU_OK(cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+    if (other_thread) {
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, big_release_thread, b), 0);
+        pthread_join(t, NULL);
+    } else {
+        big_released_under_a_kernel(b, s, after);
+    }
+    uint64_t t0 = now_ns();
+    CUdeviceptr e = big_alloc(b->managed);
+    uint64_t took = now_ns() - t0;
+    cr_expect_lt(took, 100 * MS, "the allocation waited %llu ms for the released block",
+                 (unsigned long long)(took / MS));
+    cr_expect_neq(e, b->d, "the block was handed back while its kernel still ran");
+    CU_OK(cuMemFree(e));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(reuse, managed_does_not_wait_for_another_threads_release, .timeout = 20)
+{
+    test_context();
+    struct big_block b = {.managed = true};
+    big_no_wait(&b, true);
+}
+
+Test(reuse, device_does_not_wait_for_its_own_release, .timeout = 20)
+{
+    test_context();
+    struct big_block b = {.managed = false};
+    big_no_wait(&b, false);
+}
+
+Test(reuse, managed_does_not_wait_with_reuse_wait_off, .timeout = 20)
+{
+    setenv("CUDEFER_REUSE_WAIT", "0", 1);
+    test_context();
+    struct big_block b = {.managed = true};
+    big_no_wait(&b, false);
+}
+
 Test(reuse, only_same_size_and_flags, .timeout = 10)
 {
     test_context();

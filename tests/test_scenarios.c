@@ -243,6 +243,45 @@ Test(scenarios, no_hidden_wait_with_a_cached_block_of_another_size, .timeout = 2
     CU_OK(cuCtxSynchronize());
 }
 
+/* A managed allocation may wait for a block of its size that this same
+ * thread released while the GPU still ran (the driver's release would have
+ * waited then); never for one another thread released: the kernel before
+ * it may be waiting for this thread. */
+struct managed_release {
+    CUcontext ctx;
+    CUdeviceptr d;
+    CUresult rc;
+};
+
+static void *release_managed(void *arg)
+{
+    struct managed_release *m = arg;
+    CU_OK(cuCtxSetCurrent(m->ctx));
+    CU_OK(cuMemAllocManaged(&m->d, 64 * MIB, CU_MEM_ATTACH_GLOBAL));
+    m->rc = cuMemFree(m->d);
+    return NULL;
+}
+
+Test(scenarios, no_hidden_wait_for_managed_memory_another_thread_released, .timeout = 20)
+{
+    struct managed_release mr = {.ctx = test_context()};
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, release_managed, &mr), 0);
+    pthread_join(t, NULL);
+    CU_OK(mr.rc);
+    CUdeviceptr e;
+    struct meter m = meter_start();
+    CUresult rc = cuMemAllocManaged(&e, 64 * MIB, CU_MEM_ATTACH_GLOBAL);
+    struct cost c = meter_stop(m);
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_SUCCESS);
+    cr_expect_neq(e, mr.d, "the block came back while the kernel before its release ran");
+    expect_no_wait(c, "cuMemAllocManaged of the size another thread released");
+    CU_OK(cuCtxSynchronize());
+}
+
 Test(scenarios, no_hidden_wait_in_a_second_context, .timeout = 20)
 {
     test_context();

@@ -40,7 +40,7 @@ static const struct cd_option_desc table[CD_OPT_COUNT] = {
     [CD_OPT_DEVICE_CACHE_PEAK] = {"DEVICE_CACHE_PEAK", CD_TYPE_COUNT, "200",
         "Percent of a context's peak of device memory (the most the program has held at once, in bytes and in blocks) up to which the memory the program holds plus the device cache may reach, where CUDEFER_DEVICE_CACHE alone allows less: 100 holds what a caching allocator would; the default, 200, also keeps the blocks whose last use the GPU has not reached yet when the program allocates their sizes again (a GPU that runs behind); 0 holds the cache to CUDEFER_DEVICE_CACHE alone.", NULL},
     [CD_OPT_REUSE_WAIT] = {"REUSE_WAIT", CD_TYPE_BOOL, "1",
-        "An allocation may wait for a released block of its size to finish its last use instead of allocating anew, for at most what an allocation of that kind and size was measured to take; 0 never waits.", NULL},
+        "An allocation may wait for a released block of its size to finish its last use instead of allocating anew, for at most what an allocation of that kind and size was measured to take (managed memory: until that use ends, for a block the same thread released while the GPU still used it, as the driver's release would have waited); 0 never waits.", NULL},
     [CD_OPT_KEEP] = {"KEEP", CD_TYPE_SIZE, "0",
         "Released device, managed and pinned memory that a context keeps for reuse across cuCtxSynchronize (the newest blocks whose last use has finished, up to this many bytes), as a stream-ordered pool's release threshold does; 0 gives everything back at each synchronisation. cudefer_flush(), an allocation that runs short of memory and the context's teardown still take it all back.", NULL},
     [CD_OPT_LOG] = {"LOG", CD_TYPE_LEVEL, "error",

@@ -102,10 +102,11 @@ static void print_text(void)
         cd_log_raw("cudefer:   flushes (%s): %llu\n", reason_names[r],
                    (unsigned long long)cd_stats.flushes[r]);
     cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting; "
-               "waits for a reusable block: %llu (%.3f ms); unregisters that waited: %llu "
-               "(%.3f ms)\n",
+               "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
+               "thread released); unregisters that waited: %llu (%.3f ms)\n",
                (unsigned long long)cd_stats.reclaims, (unsigned long long)cd_stats.reclaims_waited,
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
+               (unsigned long long)cd_stats.debt_waits,
                (unsigned long long)cd_stats.unregister_waits,
                (double)cd_stats.unregister_wait_ns / 1e6);
     cd_log_raw("cudefer:   peak deferred bytes: %lld; peak cached device bytes: %lld; "
@@ -212,13 +213,14 @@ static void write_json(const char *path)
         fprintf(f, "%s\"%s\": %llu", r ? ", " : "", reason_names[r],
                 (unsigned long long)cd_stats.flushes[r]);
     fprintf(f, "},\n  \"retries\": %llu,\n  \"retries_after_waiting\": %llu,\n"
-            "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n"
+            "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
             "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
             "  \"peak_program_device_bytes\": %lld\n}\n",
             (unsigned long long)(cd_stats.reclaims + cd_stats.reclaims_waited),
             (unsigned long long)cd_stats.reclaims_waited,
             (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
+            (unsigned long long)cd_stats.debt_waits,
             (unsigned long long)cd_stats.unregister_waits,
             (double)cd_stats.unregister_wait_ns / 1e6, (long long)cd_stats.peak_deferred_bytes,
             (long long)cd_stats.peak_cached_device_bytes,

@@ -36,6 +36,8 @@ struct cd_stats {
     /* Waits cudefer made itself. */
     _Atomic uint64_t reuse_waits;              /* allocations that waited for a block */
     _Atomic uint64_t reuse_wait_ns;
+    _Atomic uint64_t debt_waits;               /* of those, for a managed block the
+                                                  same thread released (cache.c) */
     _Atomic uint64_t unregister_waits;         /* unregisters that waited for work */
     _Atomic uint64_t unregister_wait_ns;
     _Atomic uint64_t flushes[CD_FLUSH_REASON_COUNT];

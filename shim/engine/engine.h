@@ -29,7 +29,9 @@
  *     call and waits as it always did;
  *   - allocations do not wait, except: for a released block of their size,
  *     at most what an allocation of that kind and size was measured to take
- *     (CUDEFER_REUSE_WAIT); after an out-of-memory answer, once taking back
+ *     (CUDEFER_REUSE_WAIT), or, for managed memory, until the work before a
+ *     block the same thread released while the GPU ran it has finished
+ *     (the driver's release would have waited for it: cache.c); after an out-of-memory answer, once taking back
  *     what needs no waiting was not enough; a registration overlapping a
  *     range whose unregister is still pending;
  *   - cuCtxSynchronize waits (the program's own wait) and then flushes;
@@ -87,6 +89,11 @@ void cd_ipc_exported(CUdeviceptr ptr);
 
 /* --- allocations --------------------------------------------------------- */
 
+/* A number of the calling thread, never 0 and never given to another
+ * thread of the process (a thread's address would be: a dead thread's
+ * stack or storage goes to the next one). Does not wait. */
+uint64_t cd_thread_token(void);
+
 struct cd_alloc {
     enum cd_kind kind;
     size_t bytes;
@@ -109,7 +116,9 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 /* Serves the allocation with a block the program released earlier in the
  * current context, once no work submitted before its release can use it.
  * MAY WAIT, bounded: for the oldest such block, for at most what a new
- * allocation of that kind and size was measured to take. Returns true and
+ * allocation of that kind and size was measured to take; for managed
+ * memory, for a block this thread released while the GPU used it, until
+ * that use has ended (10 s at most). Returns true and
  * the block in *key, or false: the caller asks the driver. */
 bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
 

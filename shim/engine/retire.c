@@ -82,8 +82,12 @@ void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
 static void note_saving(struct cd_ctx *c, struct cd_record *r)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
+    r->debtor = 0;
     if (!r->done || ops->event_query(r->done) != CUDA_ERROR_NOT_READY)
         return;
+    /* The thread that would have waited: a later allocation of the same
+     * managed block by it may wait instead (cache.c). */
+    r->debtor = cd_thread_token();
     atomic_fetch_add(&cd_stats.would_wait[r->kind], 1);
     cd_waiter_watch(c, (enum cd_kind)r->kind);
 }
