@@ -116,124 +116,149 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->call = call;
 }
 
-/* Polls r's fence until it passes or the deadline: both its parts
- * (fence.h); or, with own, first its own context's part until the
- * deadline, then both parts for at most `then` ns more (the driver's
- * release waits for its own context only); in the relaxed capture mode, so
- * that a capture another thread starts meanwhile stays valid. MAY WAIT,
- * until the deadline (and `then`). */
-static bool wait_fence(struct cd_ctx *c, struct cd_record *r, uint64_t deadline, bool own,
-                       uint64_t then)
-{
-    struct cd_scope sc;
-    cd_scope_enter(&sc, NULL, true);
-    cd_range_push("cudefer: allocation waits for a released block");
-    bool passed = false;
-    uint64_t start = cd_now_ns();
-    for (;;) {
-        CUresult q = own ? cd_driver_ops()->event_query(r->done)
-                         : cd_fence_query(c, r->done, r->far);
-        uint64_t now = cd_now_ns();
-        if (own && q == CUDA_SUCCESS) {
-            own = false;
-            deadline = now + then;
-            continue;
-        }
-        if (q != CUDA_ERROR_NOT_READY) {
-            passed = q == CUDA_SUCCESS;
-            break;
-        }
-        if (now >= deadline)
-            break;
-        /* Kernels of small blocks end within microseconds: yield for the
-         * first 100 us, then nap a quarter of what is left, 50 us at most. */
-        if (now - start < 100000) {
-            sched_yield();
-            continue;
-        }
-        uint64_t left = (deadline - now) / 4;
-        struct timespec nap = {0, (long)(left < 50000 ? left : 50000)};
-        nanosleep(&nap, NULL);
-    }
-    cd_range_pop();
-    cd_scope_leave(&sc);
-    return passed;
-}
-
 /* The longest a wait for a managed block this thread released may last:
  * the driver's release would have waited as long, but a kernel that never
  * ends should not keep the allocation from a new block forever. */
 #define DEBT_WAIT_MAX_NS (10ull * 1000000000ull)
 
-/* Whether a bounded wait for r is allowed, and for how long; *own: only
- * r's own context's part of the fence is waited for (a debt, above). */
-static uint64_t wait_bound(const struct cd_alloc *a, const struct cd_record *r, size_t held,
-                           bool *own)
-{
-    *own = false;
-    if (held < depth(a->bytes) || !cd_option_bool(CD_OPT_REUSE_WAIT))
-        return 0;
-    if (a->kind == CD_MANAGED && r->debtor == cd_thread_token()) {
-        *own = true;
-        return DEBT_WAIT_MAX_NS;
-    }
-    return expected_cost(a->kind, a->bytes);
-}
-
 /* Claims the oldest block that may serve a and, inside the capture gate
  * (an event query from a thread in the global capture mode would invalidate
  * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
- * CUDA_ERROR_NOT_READY, or another code when there is none. */
+ * CUDA_ERROR_NOT_READY, or another code when there is none; *own: the
+ * same for its own context's part alone. */
 static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_record **r,
-                      size_t *held)
+                      size_t *held, CUresult *own)
 {
     *r = NULL;
+    *own = CUDA_ERROR_NOT_FOUND;
     if (!cd_gate_enter())
         return CUDA_ERROR_NOT_FOUND;
     CUresult q = CUDA_ERROR_NOT_FOUND;
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
-    if (*r)
-        q = cd_fence_query(c, (*r)->done, (*r)->far);
+    if (*r) {
+        *own = (*r)->done ? cd_driver_ops()->event_query((*r)->done) : CUDA_SUCCESS;
+        q = *own == CUDA_SUCCESS && !cd_fence_far_passed(c, (*r)->far) ? CUDA_ERROR_NOT_READY
+                                                                       : *own;
+    }
     cd_gate_exit();
     return q;
 }
 
+/* An allocation's wait for a released block, across the naps between its
+ * looks. */
+struct reuse_wait {
+    uint64_t start;      /* the first look that found the block not ready; 0 before */
+    uint64_t own_passed; /* when a debt block's own part was first seen passed */
+    bool debt;           /* a look waited for a block this thread released */
+};
+
+/* After a look that found r (claimed) not ready, with own its own
+ * context's part: how long to nap before the next look, or 0 to stop
+ * waiting. The bound (CUDEFER_REUSE_WAIT): the measured cost of an
+ * allocation of that kind and size, from the first look; for a managed
+ * block this thread released while the GPU used it (a debt, above), until
+ * its own context's part passes (10 s at most), then that cost for the
+ * other contexts' part. Only when the bin holds depth() blocks. */
+static uint64_t next_nap(const struct cd_alloc *a, const struct cd_record *r, size_t held,
+                         CUresult own, struct reuse_wait *w)
+{
+    if (held < depth(a->bytes) || !cd_option_bool(CD_OPT_REUSE_WAIT))
+        return 0;
+    uint64_t now = cd_now_ns(), cost = expected_cost(a->kind, a->bytes), deadline;
+    if (!w->start)
+        w->start = now;
+    if (a->kind == CD_MANAGED && r->debtor == cd_thread_token()) {
+        w->debt = true;
+        if (own == CUDA_SUCCESS) {
+            if (!w->own_passed)
+                w->own_passed = now;
+            deadline = w->own_passed + cost;
+        } else if (own == CUDA_ERROR_NOT_READY) {
+            deadline = w->start + DEBT_WAIT_MAX_NS;
+        } else {
+            return 0;
+        }
+    } else {
+        deadline = w->start + cost;
+    }
+    if (now >= deadline)
+        return 0;
+    /* Kernels of small blocks end within microseconds: yield for the first
+     * 100 us, then nap a quarter of what is left, 50 us at most. */
+    if (now - w->start < 100000)
+        return 1;
+    uint64_t left = (deadline - now) / 4;
+    return left < 50000 ? (left ? left : 1) : 50000;
+}
+
+static void nap(uint64_t ns)
+{
+    if (ns <= 1) {
+        sched_yield();
+        return;
+    }
+    struct timespec t = {0, (long)ns};
+    nanosleep(&t, NULL);
+}
+
+/* Between its looks the allocation holds neither the block nor the
+ * context: an out-of-memory reclaim in another thread may take the block
+ * (and then, for want of it, this allocation asks the driver), and a
+ * teardown of the context is not held up. */
 bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
 {
     if (!a->bytes || !cd_backend(a->kind)->reusable || !cd_engine_on() ||
         !cd_backend_on(a->kind))
         return false;
     struct cd_ctx *c = cd_ctx_current();
-    unsigned gen;
-    if (!c || !cd_ctx_enter_any(c, &gen))
+    if (!c)
         return false;
-    size_t held = 0;
-    struct cd_record *r;
-    CUresult q = claim(c, a, &r, &held);
-    bool ready = q == CUDA_SUCCESS, own = false;
-    uint64_t bound = q == CUDA_ERROR_NOT_READY ? wait_bound(a, r, held, &own) : 0;
-    if (bound) {
-        uint64_t t0 = cd_now_ns();
-        ready = wait_fence(c, r, t0 + bound, own, expected_cost(a->kind, a->bytes));
-        if (own)
-            atomic_fetch_add(&cd_stats.debt_waits, 1);
+    struct reuse_wait w = {0};
+    bool ready = false, ranged = false;
+    unsigned gen = 0;
+    for (bool first = true;; first = false) {
+        /* The later looks only in the context of the first: the slot may
+         * serve another one once that is destroyed. */
+        if (first ? !cd_ctx_enter_any(c, &gen) : !cd_ctx_enter_own(c, gen))
+            break;
+        size_t held = 0;
+        struct cd_record *r;
+        CUresult own;
+        CUresult q = claim(c, a, &r, &held, &own);
+        if (q == CUDA_SUCCESS) {
+            r->debtor = 0;
+            cd_books_take(c, r);
+            cd_retire_drop_event(c, r);
+            cd_registry_unretire(r);
+            if (r->kind == CD_DEVICE)
+                cd_books_live(c, r->bytes, 1);
+            atomic_fetch_add(&cd_stats.reused[a->kind], 1);
+            cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_kind_name(a->kind),
+                   (unsigned long)r->key);
+            *key = r->key;
+            ready = true;
+            cd_ctx_exit(c);
+            break;
+        }
+        uint64_t ns = q == CUDA_ERROR_NOT_READY ? next_nap(a, r, held, own, &w) : 0;
+        if (r)
+            cd_books_unclaim(c, r);
+        cd_ctx_exit(c);
+        if (!ns)
+            break;
+        if (!ranged)
+            cd_range_push("cudefer: allocation waits for a released block");
+        ranged = true;
+        nap(ns);
+    }
+    if (ranged)
+        cd_range_pop();
+    if (w.start) {
         atomic_fetch_add(&cd_stats.reuse_waits, 1);
-        atomic_fetch_add(&cd_stats.reuse_wait_ns, cd_now_ns() - t0);
+        atomic_fetch_add(&cd_stats.reuse_wait_ns, cd_now_ns() - w.start);
+        if (w.debt)
+            atomic_fetch_add(&cd_stats.debt_waits, 1);
     }
-    if (r && !ready)
-        cd_books_unclaim(c, r);
-    if (ready) {
-        r->debtor = 0;
-        cd_books_take(c, r);
-        cd_retire_drop_event(c, r);
-        cd_registry_unretire(r);
-        if (r->kind == CD_DEVICE)
-            cd_books_live(c, r->bytes, 1);
-        atomic_fetch_add(&cd_stats.reused[a->kind], 1);
-        cd_log(CD_LOG_DEBUG, "%s %#lx reused", cd_kind_name(a->kind), (unsigned long)r->key);
-        *key = r->key;
-    }
-    cd_ctx_exit(c);
     return ready;
 }
 
