@@ -1055,6 +1055,58 @@ Test(scenarios, primary_release_that_is_not_the_last, .timeout = 20)
     cr_expect_eq(testdrv_faults(), 0);
 }
 
+/* A thread creates contexts on a device while another retains and
+ * releases that device's primary context. The primary context must end at
+ * the program's last release, in that call: if cudefer itself held a
+ * reference meanwhile (to learn whether a new context is the primary one),
+ * its own release would be the last, made inside the creating thread's
+ * cuCtxCreate, which then waits for the GPU; and cudefer would go on naming
+ * a context it did not see end. */
+struct primary_churn {
+    CUdevice dev;
+    atomic_int stop;
+    long pairs;
+};
+
+static void *primary_pairs(void *arg)
+{
+    struct primary_churn *pc = arg;
+    CUcontext ctx;
+    while (!atomic_load(&pc->stop)) {
+        if (cuDevicePrimaryCtxRetain(&ctx, pc->dev) != CUDA_SUCCESS ||
+            cuDevicePrimaryCtxRelease(pc->dev) != CUDA_SUCCESS)
+            break;
+        pc->pairs++;
+    }
+    return NULL;
+}
+
+Test(scenarios, context_creation_beside_primary_releases, .timeout = 60)
+{
+    CU_OK(cuInit(0));
+    struct primary_churn pc = {.dev = device0()};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, primary_pairs, &pc), 0);
+    uint64_t waits = 0, t0 = now_ns();
+    int made = 0;
+    while (now_ns() - t0 < 2000 * MS) {
+        CUcontext ctx;
+        uint64_t w0 = testdrv_thread_wait_calls();
+        CU_OK(cuCtxCreate(&ctx, NULL, 0, pc.dev));
+        waits += testdrv_thread_wait_calls() - w0;
+        CU_OK(cuCtxDestroy(ctx));
+        made++;
+    }
+    atomic_store(&pc.stop, 1);
+    pthread_join(t, NULL);
+    cr_expect_gt(pc.pairs, 100, "the other thread made %ld pairs", pc.pairs);
+    cr_expect_eq(waits, 0, "%llu of %d context creations made a call that waits for the GPU",
+                 (unsigned long long)waits, made);
+    cr_expect_eq(primary_active(pc.dev), 0, "the primary context outlived the last release");
+    cr_expect_eq(testdrv_dead_context_calls(), 0, "%llu calls named a destroyed context",
+                 (unsigned long long)testdrv_dead_context_calls());
+}
+
 /* ==== 10.6 Sticky error ===================================================== */
 
 /* A registration's unregister and a library's unload queued, then a kernel

@@ -1127,6 +1127,8 @@ struct create_args {
     CUctxCreateParams *params;
 };
 
+static CUresult call_retain(const struct create_args *a);
+
 static CUresult create_context(CUresult (*call)(const struct create_args *),
                                const struct create_args *a, bool have_real, enum cd_wrapped w)
 {
@@ -1138,7 +1140,7 @@ static CUresult create_context(CUresult (*call)(const struct create_args *),
         rc = call(a);
     while (retry(&al, rc, w));
     if (rc == CUDA_SUCCESS)
-        cd_context_created(*a->pctx);
+        cd_context_created(*a->pctx, call == call_retain);
     return rc;
 }
 

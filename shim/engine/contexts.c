@@ -396,7 +396,10 @@ bool cd_ctx_warmed(void)
 
 /* Whether ctx is the primary context of its device: asked without changing
  * its reference count when it is active (a retain and a release), and never
- * when it is not (a retain would create it). */
+ * when it is not (a retain would create it). If another thread releases
+ * the program's last reference between the two, this release is the last:
+ * it ends the context, and waits for its work. So it is asked only of a
+ * context first seen through a call that does not say (cd_ctx_get_as). */
 static bool is_primary(CUcontext ctx, CUdevice dev, const struct cd_driver_ops *ops)
 {
     unsigned flags;
@@ -409,7 +412,7 @@ static bool is_primary(CUcontext ctx, CUdevice dev, const struct cd_driver_ops *
     return p == ctx;
 }
 
-static bool setup(struct cd_ctx *c, CUcontext ctx, const struct cd_driver_ops *ops)
+static bool setup(struct cd_ctx *c, CUcontext ctx, int primary, const struct cd_driver_ops *ops)
 {
     c->ctx_record = cd_driver_version() >= 12050 && ops->ctx_record_event;
     /* Before 12.5 the fence is made of events on the program's streams; a
@@ -427,7 +430,7 @@ static bool setup(struct cd_ctx *c, CUcontext ctx, const struct cd_driver_ops *o
         ops->stream_destroy(c->priv);
         return false;
     }
-    c->primary = is_primary(ctx, c->device, ops);
+    c->primary = primary >= 0 ? primary == 1 : is_primary(ctx, c->device, ops);
     fill_pool(c, ops);
     cd_log(CD_LOG_INFO, "context %p%s: private streams ready (fence: %s)", (void *)ctx,
            c->primary ? " (primary)" : "",
@@ -436,6 +439,11 @@ static bool setup(struct cd_ctx *c, CUcontext ctx, const struct cd_driver_ops *o
 }
 
 struct cd_ctx *cd_ctx_get(CUcontext ctx)
+{
+    return cd_ctx_get_as(ctx, -1);
+}
+
+struct cd_ctx *cd_ctx_get_as(CUcontext ctx, int primary)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
     ctx = resolve(ctx);
@@ -465,7 +473,7 @@ struct cd_ctx *cd_ctx_get(CUcontext ctx)
         hook();
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
-    bool ok = setup(c, ctx, ops);
+    bool ok = setup(c, ctx, primary, ops);
     cd_scope_leave(&sc);
     if (!ok) {
         cd_log(CD_LOG_ERROR, "context %p: cannot make private streams; its releases pass "

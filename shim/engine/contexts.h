@@ -166,6 +166,11 @@ struct cd_ctx *cd_ctx_find(CUcontext ctx);
  * events. Does not wait. NULL when the driver refused (the context's
  * releases then pass through). */
 struct cd_ctx *cd_ctx_get(CUcontext ctx);
+/* cd_ctx_get for a context the caller knows to be its device's primary
+ * context (primary 1) or not (0), from the call that made it: a slot set
+ * up now takes that instead of asking the driver, whose answer costs a
+ * retain and a release of the primary context (-1: ask). */
+struct cd_ctx *cd_ctx_get_as(CUcontext ctx, int primary);
 
 /* Pays the driver's one-time set-up of stream-ordered frees of plain
  * device memory (about 10 ms, once per process) in c, on its idle stream:

@@ -171,9 +171,10 @@ void cd_capture_ended(CUstream stream, bool per_thread, CUresult rc);
  * contexts' work, and other threads may have launched since. */
 void cd_context_synchronized(CUcontext ctx);
 
-/* A context the program created or retained: set up now, so that fences
+/* A context the program created (primary false: cuCtxCreate*) or retained
+ * (primary true: cuDevicePrimaryCtxRetain): set up now, so that fences
  * cover it even if nothing is ever allocated in it. */
-void cd_context_created(CUcontext ctx);
+void cd_context_created(CUcontext ctx, bool primary);
 
 /* Before cuCtxDestroy: everything held for the context goes (its
  * destruction frees it) and its private objects are destroyed; after it

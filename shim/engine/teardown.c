@@ -94,12 +94,12 @@ static void tear(struct cd_ctx *c, bool alive)
     cd_log(CD_LOG_INFO, "context %p torn down%s", (void *)ctx, alive ? "" : " after its end");
 }
 
-void cd_context_created(CUcontext ctx)
+void cd_context_created(CUcontext ctx, bool primary)
 {
     /* Fences cover the contexts the engine knows; a context in which the
      * program only launches kernels must be known too. */
     if (cd_engine_on())
-        cd_ctx_get(ctx);
+        cd_ctx_get_as(ctx, primary);
 }
 
 /* Teardowns begun by this thread whose destruction has not returned. */
@@ -206,7 +206,7 @@ void cd_green_seen(CUgreenCtx green, CUcontext ctx)
         return;
     ops->primary_release(a.device);
     cd_ctx_alias_add(&a);
-    cd_ctx_get(a.primary);
+    cd_ctx_get_as(a.primary, 1);
 }
 
 /* The device of a green context the engine did not see converted. */
