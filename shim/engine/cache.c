@@ -92,14 +92,6 @@ static uint64_t expected_cost(enum cd_kind kind, size_t bytes)
 
 /* ---- allocations -------------------------------------------------------------- */
 
-uint64_t cd_thread_token(void)
-{
-    static _Atomic uint64_t next = 1;
-    static _Thread_local uint64_t token;
-    if (!token)
-        token = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
-    return token;
-}
 
 void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, size_t bytes,
                     unsigned flags, bool narrow)

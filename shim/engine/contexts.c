@@ -224,6 +224,15 @@ struct cd_ctx *cd_ctx_find(CUcontext ctx)
     return NULL;
 }
 
+uint64_t cd_thread_token(void)
+{
+    static _Atomic uint64_t next = 1;
+    static _Thread_local uint64_t token;
+    if (!token)
+        token = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
+    return token;
+}
+
 struct cd_ctx *cd_ctx_current(void)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();

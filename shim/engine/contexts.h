@@ -187,6 +187,11 @@ bool cd_ctx_warmed(void);
  * module starts the waiter and the exit handler there). */
 void cd_ctx_on_first_setup(void (*fn)(void));
 
+/* A number of the calling thread, never 0 and never given to another
+ * thread of the process (a thread's address would be: a dead thread's
+ * stack or storage goes to the next one). Does not wait. */
+uint64_t cd_thread_token(void);
+
 /* The current context's slot, or NULL (none current, or never seen). */
 struct cd_ctx *cd_ctx_current(void);
 

@@ -89,11 +89,6 @@ void cd_ipc_exported(CUdeviceptr ptr);
 
 /* --- allocations --------------------------------------------------------- */
 
-/* A number of the calling thread, never 0 and never given to another
- * thread of the process (a thread's address would be: a dead thread's
- * stack or storage goes to the next one). Does not wait. */
-uint64_t cd_thread_token(void);
-
 struct cd_alloc {
     enum cd_kind kind;
     size_t bytes;
