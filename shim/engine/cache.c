@@ -157,27 +157,28 @@ static uint64_t next_nap(const struct cd_alloc *a, const struct cd_record *r, si
     if (held < depth(a->bytes) || !cd_option_bool(CD_OPT_REUSE_WAIT))
         return 0;
     uint64_t now = cd_now_ns(), cost = expected_cost(a->kind, a->bytes), deadline;
-    if (!w->start)
-        w->start = now;
-    if (a->kind == CD_MANAGED && r->debtor == cd_thread_token()) {
-        w->debt = true;
+    uint64_t start = w->start ? w->start : now;
+    bool debt = a->kind == CD_MANAGED && r->debtor == cd_thread_token();
+    if (debt) {
         if (own == CUDA_SUCCESS) {
             if (!w->own_passed)
                 w->own_passed = now;
             deadline = w->own_passed + cost;
         } else if (own == CUDA_ERROR_NOT_READY) {
-            deadline = w->start + DEBT_WAIT_MAX_NS;
+            deadline = start + DEBT_WAIT_MAX_NS;
         } else {
             return 0;
         }
     } else {
-        deadline = w->start + cost;
+        deadline = start + cost;
     }
     if (now >= deadline)
         return 0;
+    w->start = start;
+    w->debt |= debt;
     /* Kernels of small blocks end within microseconds: yield for the first
      * 100 us, then nap a quarter of what is left, 50 us at most. */
-    if (now - w->start < 100000)
+    if (now - start < 100000)
         return 1;
     uint64_t left = (deadline - now) / 4;
     return left < 50000 ? (left ? left : 1) : 50000;
