@@ -1061,32 +1061,13 @@ Test(scenarios, primary_release_that_is_not_the_last, .timeout = 20)
  * reference meanwhile (to learn whether a new context is the primary one),
  * its own release would be the last, made inside the creating thread's
  * cuCtxCreate, which then waits for the GPU; and cudefer would go on naming
- * a context it did not see end. */
-struct primary_churn {
-    CUdevice dev;
-    atomic_int stop;
-    long pairs;
-};
-
-static void *primary_pairs(void *arg)
-{
-    struct primary_churn *pc = arg;
-    CUcontext ctx;
-    while (!atomic_load(&pc->stop)) {
-        if (cuDevicePrimaryCtxRetain(&ctx, pc->dev) != CUDA_SUCCESS ||
-            cuDevicePrimaryCtxRelease(pc->dev) != CUDA_SUCCESS)
-            break;
-        pc->pairs++;
-    }
-    return NULL;
-}
-
+ * a context it did not see end. The other thread is retain_release_loop. */
 Test(scenarios, context_creation_beside_primary_releases, .timeout = 60)
 {
     CU_OK(cuInit(0));
-    struct primary_churn pc = {.dev = device0()};
+    struct retain_loop pc = {.dev = device0()};
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, primary_pairs, &pc), 0);
+    cr_assert_eq(pthread_create(&t, NULL, retain_release_loop, &pc), 0);
     uint64_t waits = 0, t0 = now_ns();
     int made = 0;
     while (now_ns() - t0 < 2000 * MS) {

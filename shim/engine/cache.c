@@ -129,8 +129,7 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r) {
         *own = (*r)->done ? cd_driver_ops()->event_query((*r)->done) : CUDA_SUCCESS;
-        q = *own == CUDA_SUCCESS && !cd_fence_far_passed(c, (*r)->far) ? CUDA_ERROR_NOT_READY
-                                                                       : *own;
+        q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
     }
     cd_gate_exit();
     return q;
