@@ -196,7 +196,9 @@ static void nap(uint64_t ns)
 /* Between its looks the allocation holds neither the block nor the
  * context: an out-of-memory reclaim in another thread may take the block
  * (and then, for want of it, this allocation asks the driver), and a
- * teardown of the context is not held up. */
+ * teardown of the context is not held up. While such a reclaim is under
+ * way the allocation stops waiting: a claim made again would keep the
+ * block from it. */
 bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
 {
     if (!a->bytes || !cd_backend(a->kind)->reusable || !cd_engine_on() ||
@@ -211,6 +213,8 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
     for (bool first = true;; first = false) {
         /* The later looks only in the context of the first: the slot may
          * serve another one once that is destroyed. */
+        if (!first && cd_books_reclaim_under_way())
+            break;
         if (first ? !cd_ctx_enter_any(c, &gen) : !cd_ctx_enter_own(c, gen))
             break;
         size_t held = 0;
@@ -236,7 +240,7 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         if (r)
             cd_books_unclaim(c, r);
         cd_ctx_exit(c);
-        if (!ns)
+        if (!ns || cd_books_reclaim_under_way())
             break;
         if (!ranged)
             cd_range_push("cudefer: allocation waits for a released block");
