@@ -103,24 +103,11 @@ bool cd_books_transit_wait(int seconds)
     return clear;
 }
 
-static _Atomic int reclaiming;
-
-void cd_books_reclaiming(int delta)
-{
-    atomic_fetch_add(&reclaiming, delta);
-}
-
-bool cd_books_reclaim_under_way(void)
-{
-    return atomic_load(&reclaiming) > 0;
-}
-
 void cd_books_reset(void)
 {
     pthread_mutex_init(&ranges_lock, NULL);
     nranges = 0;
     atomic_store(&registered_pending, 0);
-    atomic_store(&reclaiming, 0);
     pthread_mutex_init(&transit_lock, NULL);
     cd_cond_init_monotonic(&transit_cond);
     transit = 0;

@@ -103,15 +103,7 @@ long long cd_books_in_transit(void);
  * at most seconds; false if something still is. */
 bool cd_books_transit_wait(int seconds);
 
-/* Waiting out-of-memory reclaims under way, in any thread (reclaim.c): a
- * reuse that waits for a block stops claiming blocks meanwhile (cache.c),
- * so that the reclaim, which waits for claims to end and then takes
- * everything unclaimed, is not outrun by a claim made again. */
-void cd_books_reclaiming(int delta);
-bool cd_books_reclaim_under_way(void);
-
-/* Forgets the pending ranges, what is in transit and the reclaims under way
- * (a forked child). */
+/* Forgets the pending ranges and what is in transit (a forked child). */
 void cd_books_reset(void);
 
 #endif

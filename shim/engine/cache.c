@@ -129,7 +129,8 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r) {
         *own = (*r)->done ? cd_driver_ops()->event_query((*r)->done) : CUDA_SUCCESS;
-        q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
+        q = *own == CUDA_SUCCESS && !cd_fence_far_passed(c, (*r)->far) ? CUDA_ERROR_NOT_READY
+                                                                       : *own;
     }
     cd_gate_exit();
     return q;
@@ -196,9 +197,7 @@ static void nap(uint64_t ns)
 /* Between its looks the allocation holds neither the block nor the
  * context: an out-of-memory reclaim in another thread may take the block
  * (and then, for want of it, this allocation asks the driver), and a
- * teardown of the context is not held up. While such a reclaim is under
- * way the allocation stops waiting: a claim made again would keep the
- * block from it. */
+ * teardown of the context is not held up. */
 bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
 {
     if (!a->bytes || !cd_backend(a->kind)->reusable || !cd_engine_on() ||
@@ -213,8 +212,6 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
     for (bool first = true;; first = false) {
         /* The later looks only in the context of the first: the slot may
          * serve another one once that is destroyed. */
-        if (!first && cd_books_reclaim_under_way())
-            break;
         if (first ? !cd_ctx_enter_any(c, &gen) : !cd_ctx_enter_own(c, gen))
             break;
         size_t held = 0;
@@ -240,7 +237,7 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         if (r)
             cd_books_unclaim(c, r);
         cd_ctx_exit(c);
-        if (!ns || cd_books_reclaim_under_way())
+        if (!ns)
             break;
         if (!ranged)
             cd_range_push("cudefer: allocation waits for a released block");

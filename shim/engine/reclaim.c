@@ -323,9 +323,7 @@ static void note_held(struct cd_ctx *c, void *arg)
         *held = true;
 }
 
-/* Waits for what reuses claim (each a moment: a reuse that waits gives its
- * claim back between looks, and makes no new one while a reclaim is under
- * way: cd_books_reclaiming). */
+/* Waits for what reuses claim (each for at most an allocation's cost). */
 static void claims_wait(struct cd_ctx *c, void *arg)
 {
     (void)arg;
@@ -352,10 +350,8 @@ static bool reclaim_waiting(const char *call, bool *held_back)
     cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
            "cudefer holds, then retrying", call);
     cd_range_push("cudefer: out of memory, waiting for released memory");
-    cd_books_reclaiming(1);
     cd_ctx_each(claims_wait, NULL);
     flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true, held_back);
-    cd_books_reclaiming(-1);
     /* Entries another thread's flush holds at this moment come back when
      * its releases end; then their frees are settled too. */
     if (!cd_books_transit_wait(60))
