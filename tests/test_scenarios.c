@@ -687,6 +687,73 @@ Test(scenarios, out_of_memory_while_frees_settle, .timeout = 60)
     }
 }
 
+/* A thread keeps a capture live on a stream of its own for as long as a
+ * program's capture may last: until told to end it. */
+struct long_capture {
+    CUcontext ctx;
+    atomic_int live, end;
+    CUresult begin_rc, end_rc;
+};
+
+static void *capture_until_told(void *arg)
+{
+    struct long_capture *lc = arg;
+    cuCtxSetCurrent(lc->ctx);
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    lc->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    testdrv_launch(s, 10, 0, 0, TESTDRV_NONE);
+    atomic_store(&lc->live, 1);
+    while (!atomic_load(&lc->end))
+        sleep_ms(1);
+    CUgraph g = NULL;
+    lc->end_rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    cuStreamDestroy(s);
+    return NULL;
+}
+
+/* Device blocks released (and fenced) before another thread began a
+ * capture are in cudefer's cache; an allocation that needs their memory
+ * while the capture is still live gets it, and the capture survives.
+ * (Stream-ordered frees wait for the capture's end: the out-of-memory
+ * flush must not.) */
+Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
+{
+    setenv("TESTDRIVER_DEVICE_BYTES", "512m", 1);
+    setenv("CUDEFER_DEVICE_CACHE", "1g", 1); /* the released blocks stay cached */
+    CUcontext ctx = test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr d1, d2, big;
+    CU_OK(cuMemAlloc(&d1, 200 * MIB));
+    CU_OK(cuMemAlloc(&d2, 200 * MIB));
+    CU_OK(testdrv_launch(s, 20000, d1, 200 * MIB, TESTDRV_WRITE));
+    CU_OK(cuMemFree(d1));
+    CU_OK(cuMemFree(d2)); /* 400 MiB held by cudefer, fenced */
+    struct long_capture lc = {.ctx = ctx};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, capture_until_told, &lc), 0);
+    while (!atomic_load(&lc.live))
+        sleep_ms(1);
+    /* A program allocates during another thread's global capture only in
+     * the relaxed mode (the driver refuses it otherwise). */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_OK(cuThreadExchangeStreamCaptureMode(&mode));
+    CUresult rc = cuMemAlloc(&big, 300 * MIB);
+    atomic_store(&lc.end, 1);
+    pthread_join(t, NULL);
+    cr_expect_eq(rc, CUDA_SUCCESS, "an allocation during another thread's capture failed "
+                 "(%d) while cudefer held 400 MiB the program had released", (int)rc);
+    cr_expect_eq(lc.begin_rc, CUDA_SUCCESS);
+    cr_expect_eq(lc.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)lc.end_rc);
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(big));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* ==== 10.3 Captures of every stream handle end for cudefer =================== */
 
 enum capture_way {

@@ -164,11 +164,18 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         }
     }
     if (!cd_list_empty(&device)) {
-        /* No capture may be invalidated by the frees: outside the gate
-         * they wait on the books for the next flush. */
+        /* No capture may be invalidated by the frees: outside the gate a
+         * synchronisation leaves them on the books for the next flush. A
+         * flush that may wait (out of memory, cudefer_flush) releases them
+         * with the driver's cuMemFree after their fence, like the other
+         * kinds: in the relaxed mode that invalidates no capture (DESIGN
+         * §1.3), and the memory must come back although a capture in any
+         * thread may stay live for as long as it likes. */
         if (cd_gate_enter()) {
             cd_retire_free(c, c->priv, &device);
             cd_gate_exit();
+        } else if (why != CD_FLUSH_SYNC) {
+            cd_list_splice(&list, &device);
         }
         while (!cd_list_empty(&device)) {
             struct cd_record *r = CD_CONTAINER(device.next, struct cd_record, age);
