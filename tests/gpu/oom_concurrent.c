@@ -20,6 +20,16 @@
  *          a_flushed=<0|1> sync_rc=<code> cudefer=<0|1> simulated=<0|1>
  * kernel_running: the 1.5 s kernel still ran when B allocated (else the
  * row means nothing).
+ *
+ * Then the same need while another thread's capture is live: B's block is
+ * freed with a 300 ms kernel running (cudefer keeps it, fenced), thread C
+ * begins a global capture on a stream of its own and keeps it live, and
+ * the main thread, in the relaxed mode, allocates 250 MiB, which fits only
+ * with B's block back. cudefer's stream-ordered frees wait for the capture
+ * to end; its out-of-memory answer must not:
+ *   RESULT oom_capture alloc_rc=<code> alloc_ms=<ms> kernel_running=<0|1>
+ *          begin_rc=<code> end_rc=<code> cudefer=<0|1> simulated=<0|1>
+ * end_rc: the capture survived (CUDA_SUCCESS) or was invalidated.
  */
 #include "gpu.h"
 
@@ -89,6 +99,64 @@ static void *thread_b(void *arg)
     return NULL;
 }
 
+#define C_BYTES (250 * GC_MIB)
+#define C_KERNEL_MS 300.0
+
+static struct {
+    atomic_int live, end;
+    CUresult begin_rc, end_rc;
+} c;
+
+/* Thread C: a global capture kept live until the main thread is done. */
+static void *thread_c(void *arg)
+{
+    (void)arg;
+    CUstream cs;
+    GC_CHECK(cuCtxSetCurrent(context));
+    GC_CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    c.begin_rc = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (c.begin_rc == CUDA_SUCCESS)
+        GC_CHECK(gc_spin(&kernels, cs, 1.0, 0, 0));
+    atomic_store(&c.live, 1);
+    while (!atomic_load(&c.end))
+        gc_sleep_until(gc_now_ms() + 1.0);
+    CUgraph g = NULL;
+    c.end_rc = c.begin_rc == CUDA_SUCCESS ? cuStreamEndCapture(cs, &g) : c.begin_rc;
+    if (g)
+        GC_CHECK(cuGraphDestroy(g));
+    GC_CHECK(cuStreamDestroy(cs));
+    return NULL;
+}
+
+/* The second phase (file comment): b.p is B's block. */
+static void capture_phase(CUstream s, CUdeviceptr block)
+{
+    GC_CHECK(gc_spin(&kernels, s, C_KERNEL_MS, 0, 0));
+    GC_CHECK(cuMemFree(block));
+    pthread_t tc;
+    if (pthread_create(&tc, NULL, thread_c, NULL) != 0)
+        gc_die("pthread_create failed");
+    while (!atomic_load(&c.live))
+        gc_sleep_until(gc_now_ms() + 1.0);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    GC_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    bool running = cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
+    CUdeviceptr p = 0;
+    double t0 = gc_now_ms();
+    CUresult rc = cuMemAlloc(&p, C_BYTES);
+    double ms = gc_now_ms() - t0;
+    atomic_store(&c.end, 1);
+    pthread_join(tc, NULL);
+    GC_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    GC_CHECK(cuCtxSynchronize());
+    printf("RESULT oom_capture alloc_rc=%s alloc_ms=%.3f kernel_running=%d begin_rc=%s "
+           "end_rc=%s cudefer=%d simulated=%d\n", gc_rc(rc), ms, (int)running,
+           gc_rc(c.begin_rc), gc_rc(c.end_rc), gc_cudefer_loaded(), gc_test_driver());
+    fflush(stdout);
+    if (rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemFree(p));
+}
+
 int main(void)
 {
     static CUdeviceptr chunks[MAX_CHUNKS];
@@ -132,7 +200,7 @@ int main(void)
         return 0;
 
     if (b.rc == CUDA_SUCCESS)
-        GC_CHECK(cuMemFree(b.p));
+        capture_phase(s, b.p);
     for (int i = 0; i < n; i++)
         GC_CHECK(cuMemFree(chunks[i]));
     printf("RESULT oom_concurrent_fill chunks=%d\n", n);

@@ -794,11 +794,37 @@ def report_oom_concurrent(res, summary):
           "waits for a 1.5 s kernel",
           ("mode", "program", "free after fill MiB", "alloc rc", "alloc ms", "kernel running",
            "A flushed", "verdict"), rows)
+    rows = []
+    for mode in ("none", "shim"):
+        r = res.one("oom_capture", mode=mode)
+        run = res.run_status("oom-concurrent", mode, "oom_concurrent")
+        problems = []
+        if r:
+            if r.get("alloc_rc") != "CUDA_SUCCESS":
+                problems.append("the 250 MiB allocation during the capture failed")
+            if not is_success(r, "begin_rc", "end_rc"):
+                problems.append("the capture failed or was invalidated")
+            if r.get("kernel_running") != "1":
+                problems.append("the 300 ms kernel had finished")
+        v = verdict_of(problems, r, run, simulated(r))
+        if mode == "shim":
+            verdicts.append(v)
+        r = r or {}
+        rows.append((MODE_TITLES[mode], run, r.get("alloc_rc", "-"), fmt_ms(num(r, "alloc_ms")),
+                     r.get("kernel_running", "-"), r.get("end_rc", "-"),
+                     v if mode == "shim" else "recorded"))
+    table("oom-concurrent, capture: the same need while another thread's global capture is "
+          "live (the block freed behind a 300 ms kernel)",
+          ("mode", "program", "alloc rc", "alloc ms", "kernel running", "capture end rc",
+           "verdict"), rows)
     s = res.one("oom_concurrent", mode="shim") or {}
     n = res.one("oom_concurrent", mode="none") or {}
+    sc = res.one("oom_capture", mode="shim") or {}
     add_verdicts(summary, "oom-concurrent", verdicts,
-                 "shim: cuMemAlloc(150 MiB) %s in %s ms; no shim: %s" % (
-                     s.get("alloc_rc", "-"), fmt_ms(num(s, "alloc_ms")), n.get("alloc_rc", "-")))
+                 "shim: cuMemAlloc(150 MiB) %s in %s ms; no shim: %s; during a capture: "
+                 "cuMemAlloc(250 MiB) %s in %s ms, capture end %s" % (
+                     s.get("alloc_rc", "-"), fmt_ms(num(s, "alloc_ms")), n.get("alloc_rc", "-"),
+                     sc.get("alloc_rc", "-"), fmt_ms(num(sc, "alloc_ms")), sc.get("end_rc", "-")))
 
 
 def report_capture_ptsz(res, summary):
