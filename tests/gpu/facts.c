@@ -23,6 +23,10 @@
  *                cuMemRelease, cuMemAddressFree) cost on an idle GPU, and
  *                whether the releasing ones wait for a kernel that runs on
  *                another stream (cuMemFree beside them, which does)
+ *   capture      which of the engine's calls, made by a thread in the
+ *                relaxed capture mode, invalidate another thread's global
+ *                capture: in the capturing context and in another context
+ *                of the same device
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -617,6 +621,125 @@ static int fact_vmm(void)
     return 0;
 }
 
+/* ---- captures and the engine's calls ------------------------------------- */
+
+enum cap_case {
+    CAP_NOTHING,        /* control: nothing between begin and end */
+    CAP_FREE_ASYNC,     /* cuMemFreeAsync on another non-blocking stream, then its sync */
+    CAP_MEM_FREE,       /* cuMemFree */
+    CAP_EVENT_OPS,      /* cuEventRecord on another non-blocking stream, query, wait */
+    CAP_EVENT_SYNC,     /* cuEventSynchronize of an event recorded before the capture */
+    CAP_CTX_RECORD,     /* cuCtxRecordEvent of the capturing context */
+    CAP_CTX_RECORD_OTHER, /* cuCtxRecordEvent of another context of the device */
+    CAP_FREE_ASYNC_OTHER, /* cuMemFreeAsync + sync in another context */
+    CAP_CASES
+};
+
+static const char *const cap_names[CAP_CASES] = {
+    "nothing", "free_async", "mem_free", "event_ops", "event_sync", "ctx_record",
+    "ctx_record_other", "free_async_other",
+};
+
+static struct {
+    CUcontext ctx, other;
+    enum cap_case which;
+    CUresult rc; /* the relaxed thread's call */
+} capf;
+
+/* The relaxed thread: the case's calls while the main thread captures. */
+static void *cap_relaxed(void *arg)
+{
+    (void)arg;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool other = capf.which == CAP_CTX_RECORD_OTHER || capf.which == CAP_FREE_ASYNC_OTHER;
+    GC_CHECK(cuCtxSetCurrent(other ? capf.other : capf.ctx));
+    GC_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    CUstream s, s2;
+    CUevent ev;
+    CUdeviceptr d;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(cuMemAlloc(&d, GC_MIB));
+    CUresult rc = CUDA_SUCCESS;
+    switch (capf.which) {
+    case CAP_NOTHING:
+    case CAP_CASES:
+        break;
+    case CAP_FREE_ASYNC:
+    case CAP_FREE_ASYNC_OTHER:
+        rc = cuMemFreeAsync(d, s);
+        if (rc == CUDA_SUCCESS)
+            rc = cuStreamSynchronize(s);
+        d = 0;
+        break;
+    case CAP_MEM_FREE:
+        rc = cuMemFree(d);
+        d = 0;
+        break;
+    case CAP_EVENT_OPS:
+        rc = cuEventRecord(ev, s);
+        if (rc == CUDA_SUCCESS)
+            (void)cuEventQuery(ev);
+        if (rc == CUDA_SUCCESS)
+            rc = cuStreamWaitEvent(s2, ev, 0);
+        break;
+    case CAP_EVENT_SYNC:
+        rc = cuEventSynchronize(ev); /* recorded before: never recorded, returns at once */
+        break;
+    case CAP_CTX_RECORD:
+    case CAP_CTX_RECORD_OTHER:
+        rc = cuCtxRecordEvent(other ? capf.other : capf.ctx, ev);
+        if (rc == CUDA_SUCCESS)
+            rc = cuStreamWaitEvent(s2, ev, 0);
+        break;
+    }
+    capf.rc = rc;
+    GC_CHECK(cuStreamSynchronize(s2));
+    if (d)
+        GC_CHECK(cuMemFree(d));
+    GC_CHECK(cuEventDestroy(ev));
+    GC_CHECK(cuStreamDestroy(s));
+    GC_CHECK(cuStreamDestroy(s2));
+    GC_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    return NULL;
+}
+
+static int fact_capture(void)
+{
+    capf.ctx = gc_init();
+    load_kernels();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    CUctxCreateParams params = {0};
+    GC_CHECK(cuCtxCreate(&capf.other, &params, 0, dev));
+    GC_CHECK(cuCtxSetCurrent(capf.ctx));
+    CUstream cs;
+    GC_CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    for (int k = 0; k < CAP_CASES; k++) {
+        capf.which = (enum cap_case)k;
+        capf.rc = CUDA_ERROR_UNKNOWN;
+        CUresult begin = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (begin == CUDA_SUCCESS)
+            GC_CHECK(gc_spin(&kernels, cs, 1.0, 0, 0));
+        pthread_t t;
+        if (pthread_create(&t, NULL, cap_relaxed, NULL) != 0)
+            gc_die("pthread_create failed");
+        pthread_join(t, NULL);
+        CUgraph g = NULL;
+        CUresult end = begin == CUDA_SUCCESS ? cuStreamEndCapture(cs, &g) : begin;
+        if (g)
+            GC_CHECK(cuGraphDestroy(g));
+        printf("RESULT capture_fact case=%s relaxed_call_rc=%s begin_rc=%s end_rc=%s\n",
+               cap_names[k], gc_rc(capf.rc), gc_rc(begin), gc_rc(end));
+        fflush(stdout);
+        GC_CHECK(cuCtxSynchronize());
+    }
+    GC_CHECK(cuStreamDestroy(cs));
+    GC_CHECK(cuCtxDestroy(capf.other));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -626,6 +749,7 @@ int main(int argc, char **argv)
         {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
+        {"capture", fact_capture},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
