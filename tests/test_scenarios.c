@@ -717,9 +717,11 @@ static void *capture_until_told(void *arg)
 /* Device blocks released (and fenced) before another thread began a
  * capture are in cudefer's cache; an allocation that needs their memory
  * while the capture is still live gets it, and the capture survives.
- * (Stream-ordered frees wait for the capture's end: the out-of-memory
- * flush must not.) */
-Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
+ * (A synchronisation's stream-ordered frees wait for the capture's end:
+ * the out-of-memory flush must not.) With later_spin, a kernel launched
+ * after the releases waits for this thread: the allocation may wait for
+ * the work before the releases (their fence), never for that kernel. */
+static void out_of_memory_while_another_thread_captures(bool later_spin)
 {
     setenv("TESTDRIVER_DEVICE_BYTES", "512m", 1);
     setenv("CUDEFER_DEVICE_CACHE", "1g", 1); /* the released blocks stay cached */
@@ -731,6 +733,9 @@ Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
     CU_OK(testdrv_launch(s, 20000, d1, 200 * MIB, TESTDRV_WRITE));
     CU_OK(cuMemFree(d1));
     CU_OK(cuMemFree(d2)); /* 400 MiB held by cudefer, fenced */
+    struct spin sp;
+    if (later_spin)
+        spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
     struct long_capture lc = {.ctx = ctx};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, capture_until_told, &lc), 0);
@@ -740,7 +745,11 @@ Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
      * the relaxed mode (the driver refuses it otherwise). */
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     CU_OK(cuThreadExchangeStreamCaptureMode(&mode));
+    uint64_t t0 = now_ns();
     CUresult rc = cuMemAlloc(&big, 300 * MIB);
+    uint64_t took = now_ns() - t0;
+    if (later_spin)
+        spin_release(&sp);
     atomic_store(&lc.end, 1);
     pthread_join(t, NULL);
     cr_expect_eq(rc, CUDA_SUCCESS, "an allocation during another thread's capture failed "
@@ -748,10 +757,28 @@ Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
     cr_expect_eq(lc.begin_rc, CUDA_SUCCESS);
     cr_expect_eq(lc.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)lc.end_rc);
     cr_expect_eq(testdrv_invalidated_captures(), 0);
+    if (later_spin)
+        cr_expect_lt(took, 1000 * MS, "the allocation took %llu ms: it waited for a kernel "
+                     "launched after the releases, which waits for this thread",
+                     (unsigned long long)(took / MS));
     if (rc == CUDA_SUCCESS)
         CU_OK(cuMemFree(big));
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* Stream-ordered frees on cudefer's non-blocking private stream. */
+Test(scenarios, out_of_memory_while_another_thread_captures, .timeout = 20)
+{
+    out_of_memory_while_another_thread_captures(true);
+}
+
+/* Before driver 12.5 (a blocking private stream): the driver's cuMemFree,
+ * which waits for the whole context, later kernels included. */
+Test(scenarios, out_of_memory_while_another_thread_captures_before_12_5, .timeout = 20)
+{
+    setenv("TESTDRIVER_VERSION", "12040", 1);
+    out_of_memory_while_another_thread_captures(false);
 }
 
 /* ==== 10.3 Captures of every stream handle end for cudefer =================== */

@@ -164,19 +164,23 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         }
     }
     if (!cd_list_empty(&device)) {
-        /* No capture may be invalidated by the frees: outside the gate a
-         * synchronisation leaves them on the books for the next flush. A
-         * flush that may wait (out of memory, cudefer_flush) releases them
-         * with the driver's cuMemFree after their fence, like the other
-         * kinds: in the relaxed mode that invalidates no capture (DESIGN
-         * §1.3), and the memory must come back although a capture in any
-         * thread may stay live for as long as it likes. */
-        if (cd_gate_enter()) {
+        /* Stream-ordered frees on the private stream, behind each fence.
+         * A synchronisation makes them only outside captures (the gate);
+         * then they wait on the books for the next flush. A flush that may
+         * wait (out of memory, cudefer_flush) makes them during captures
+         * too: a capture may stay live for as long as the program likes,
+         * and from a thread in the relaxed mode, frees and records on the
+         * engine's own non-blocking stream leave every capture intact
+         * (measured, DESIGN §1.3). Before driver 12.5 the private stream is
+         * a blocking one, not measured: there the driver's cuMemFree
+         * releases them after their fence, like the other kinds. */
+        bool gate = cd_gate_enter();
+        if (gate || (why != CD_FLUSH_SYNC && c->ctx_record))
             cd_retire_free(c, c->priv, &device);
-            cd_gate_exit();
-        } else if (why != CD_FLUSH_SYNC) {
+        else if (why != CD_FLUSH_SYNC)
             cd_list_splice(&list, &device);
-        }
+        if (gate)
+            cd_gate_exit();
         while (!cd_list_empty(&device)) {
             struct cd_record *r = CD_CONTAINER(device.next, struct cd_record, age);
             cd_list_remove(&r->age);
