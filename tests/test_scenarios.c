@@ -781,6 +781,92 @@ Test(scenarios, out_of_memory_while_another_thread_captures_before_12_5, .timeou
     out_of_memory_while_another_thread_captures(false);
 }
 
+/* A fence made while another thread releases (not for the last time) the
+ * primary context of a second GPU cannot record that context's work then:
+ * the record is marked, made later by cudefer's background thread, and the
+ * fence passes once it is. A capture live in a third context, for as long
+ * as the program likes, must not keep those records from being made: here
+ * cudefer_flush gives back every released pinned block while the capture
+ * is still live, and the capture survives. */
+struct capture_in {
+    CUcontext ctx;
+    atomic_int live, end;
+    CUresult end_rc;
+};
+
+static void *capture_in_until_told(void *arg)
+{
+    struct capture_in *ci = arg;
+    CU_OK(cuCtxSetCurrent(ci->ctx));
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CU_OK(testdrv_launch(s, 10, 0, 0, TESTDRV_NONE));
+    atomic_store(&ci->live, 1);
+    while (!atomic_load(&ci->end))
+        sleep_ms(1);
+    CUgraph g = NULL;
+    ci->end_rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    CU_OK(cuStreamDestroy(s));
+    return NULL;
+}
+
+static bool pinned_memory_back(void)
+{
+    cudefer_flush();
+    return testdrv_live(TESTDRV_HOST) == 0;
+}
+
+Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .timeout = 60)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUcontext ctx = test_context();
+    CUdevice dev1;
+    CUcontext primary1, third;
+    CU_OK(cuDeviceGet(&dev1, 1));
+    CU_OK(cuDevicePrimaryCtxRetain(&primary1, dev1)); /* the loop's releases are not the last */
+    CUctxCreateParams params = {0};
+    CU_OK(cuCtxCreate(&third, &params, 0, device0()));
+    CU_OK(cuCtxSetCurrent(ctx));
+    /* A few rounds: a record marked at the last moment before the capture
+     * began is what the capture would hold back. */
+    for (int round = 0; round < 12; round++) {
+        struct retain_loop rl = {.dev = dev1};
+        pthread_t loop, cap;
+        cr_assert_eq(pthread_create(&loop, NULL, retain_release_loop, &rl), 0);
+        while (rl.pairs < 10)
+            sleep_ms(1);
+        /* Fenced releases, many of them while the second GPU's primary
+         * context is being released: their records there are marked. */
+        for (int i = 0; i < 400; i++) {
+            void *h;
+            CU_OK(cuMemAllocHost(&h, 4096));
+            CU_OK(cuMemFreeHost(h));
+        }
+        struct capture_in ci = {.ctx = third};
+        cr_assert_eq(pthread_create(&cap, NULL, capture_in_until_told, &ci), 0);
+        while (!atomic_load(&ci.live))
+            sleep_ms(1);
+        atomic_store(&rl.stop, 1);
+        pthread_join(loop, NULL);
+        bool back = poll_ms(pinned_memory_back, 2000);
+        size_t left = testdrv_live(TESTDRV_HOST);
+        atomic_store(&ci.end, 1);
+        pthread_join(cap, NULL);
+        cr_expect(back, "round %d: %zu pinned blocks released before another context's "
+                  "capture began are still held while it is live", round, left);
+        cr_expect_eq(ci.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)ci.end_rc);
+    }
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxDestroy(third));
+    CU_OK(cuDevicePrimaryCtxRelease(dev1));
+    CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* ==== 10.3 Captures of every stream handle end for cudefer =================== */
 
 enum capture_way {

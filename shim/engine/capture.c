@@ -13,6 +13,10 @@
 
 static _Atomic int captures_live;
 static _Atomic int fences_active;
+/* Captures counted live whose entry is not in the table yet (their
+ * context is not known); under table_lock but for cd_capture_begin's
+ * increment. */
+static _Atomic int captures_pending;
 
 /* A live capture: the stream as the program named it, made canonical (the
  * per-thread default stream is CU_STREAM_PER_THREAD plus its thread), and
@@ -48,6 +52,29 @@ void cd_gate_exit(void)
     atomic_fetch_sub(&fences_active, 1);
 }
 
+/* The contexts of the live captures, copied under the lock (their calls
+ * are made outside it); more than this many shut the gate. */
+#define GATE_BESIDE_MAX 64
+
+bool cd_gate_enter_beside(bool (*in)(CUcontext ctx, void *arg), void *arg)
+{
+    atomic_fetch_add(&fences_active, 1);
+    if (atomic_load(&captures_live) == 0)
+        return true;
+    CUcontext ctxs[GATE_BESIDE_MAX];
+    size_t n = 0;
+    pthread_mutex_lock(&table_lock);
+    bool shut = atomic_load(&captures_pending) != 0 || ntable > GATE_BESIDE_MAX;
+    for (size_t i = 0; !shut && i < ntable; i++)
+        ctxs[n++] = table[i].ctx;
+    pthread_mutex_unlock(&table_lock);
+    for (size_t i = 0; !shut && i < n; i++)
+        shut = !ctxs[i] || in(ctxs[i], arg);
+    if (shut)
+        atomic_fetch_sub(&fences_active, 1);
+    return !shut;
+}
+
 bool cd_capture_live(void)
 {
     return atomic_load(&captures_live) != 0;
@@ -70,6 +97,7 @@ static void capture_done(int n)
 void cd_capture_begin(void)
 {
     atomic_fetch_add(&captures_live, 1);
+    atomic_fetch_add(&captures_pending, 1);
     while (atomic_load(&fences_active) != 0)
         sched_yield();
 }
@@ -105,6 +133,7 @@ static CUcontext context_of(CUstream stream)
 void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
 {
     if (rc != CUDA_SUCCESS) {
+        atomic_fetch_sub(&captures_pending, 1);
         capture_done(1);
         return;
     }
@@ -115,6 +144,8 @@ void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
     bool kept = cd_array_room((void **)&table, &cap_table, ntable + 1, sizeof *table);
     if (kept)
         table[ntable++] = c;
+    /* In the table now (a gate looks at both under the lock). */
+    atomic_fetch_sub(&captures_pending, 1);
     pthread_mutex_unlock(&table_lock);
     if (c.stream == CU_STREAM_PER_THREAD && kept) {
         pthread_once(&key_once, make_key);
@@ -262,4 +293,5 @@ void cd_capture_reset(void)
     next_id = 0;
     atomic_store(&captures_live, 0);
     atomic_store(&fences_active, 0);
+    atomic_store(&captures_pending, 0);
 }

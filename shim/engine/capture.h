@@ -1,10 +1,13 @@
 /* capture.h - the capture gate.
  *
- * While any stream capture is live, the engine records no event in any
- * context and queries none from a thread in the global capture mode: a
- * cuCtxRecordEvent, a legacy-stream record or an event query from such a
- * thread invalidates a capture in progress (measured). Releases made
- * meanwhile are deferred unfenced, and fenced when the last capture ends.
+ * While any stream capture is live, the engine fences no release and
+ * queries no event from a thread in the global capture mode: a
+ * cuCtxRecordEvent of the capturing context, a legacy-stream record or an
+ * event query from such a thread invalidates a capture in progress
+ * (measured). Releases made meanwhile are deferred unfenced, and fenced
+ * when the last capture ends. Only the records that other contexts' fences
+ * wait for (fence.h: marked ones, made late) are made while captures are
+ * live elsewhere (cd_gate_enter_beside).
  *
  * A fence announces itself (cd_gate_enter) before it looks at the live
  * captures; a capture counts itself live, then waits for the fences already
@@ -32,6 +35,13 @@ void cd_capture_on_reopen(void (*fn)(void));
 /* false while a capture is live: then nothing may be recorded. */
 bool cd_gate_enter(void);
 void cd_gate_exit(void);
+/* The gate for a record of one context's work only (cuCtxRecordEvent of
+ * it, made in the relaxed mode): false while a live capture is in a context
+ * for which in(ctx, arg) holds, or in one not known yet (a capture being
+ * begun, or whose context could not be asked). Captures in other contexts
+ * do not shut it: such a record leaves them intact (measured, DESIGN.md
+ * §1.3). cd_gate_exit ends it. Does not wait. */
+bool cd_gate_enter_beside(bool (*in)(CUcontext ctx, void *arg), void *arg);
 
 /* Whether a capture is live now (a hint: one may start right after). */
 bool cd_capture_live(void);

@@ -91,8 +91,8 @@ static void far_pop(struct cd_ctx *o, const struct cd_driver_ops *ops)
 }
 
 /* Brings o->far_done up to date; o entered. Returns whether a marked
- * record holds it back (made only when the waiter can: not during a
- * capture). */
+ * record holds it back (made only when the waiter can: not while a capture
+ * is live in o). */
 static bool far_refresh(struct cd_ctx *o, const struct cd_driver_ops *ops)
 {
     /* Read first: every number up to it has its records in the rings. */

@@ -334,6 +334,32 @@ struct pass {
     bool again;
 };
 
+/* Whether a capture in ctx shuts the gate for a record of c's work: it is
+ * c's (a green context's counts as its primary's), or one cudefer does not
+ * know. */
+static bool capture_in(CUcontext ctx, void *arg)
+{
+    struct cd_ctx *of = cd_ctx_find(ctx);
+    return !of || of == arg;
+}
+
+/* Makes the records marked for other contexts' fences while c kept walks
+ * out; true when some are still to be made. Only while no capture is live
+ * in c: a record of c's work would invalidate it, and leaves the others
+ * intact when made in the relaxed mode (DESIGN.md §1.3). A fence waits for
+ * those records, so a capture elsewhere must not hold them back. */
+static bool fill_marked(struct cd_ctx *c)
+{
+    if (!cd_gate_enter_beside(capture_in, c))
+        return true;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, atomic_load(&c->handle), true);
+    bool again = cd_fence_fill(c);
+    cd_scope_leave(&sc);
+    cd_gate_exit();
+    return again;
+}
+
 static void visit(struct cd_ctx *c, void *arg)
 {
     struct pass *p = arg;
@@ -342,15 +368,8 @@ static void visit(struct cd_ctx *c, void *arg)
     see_watches(c, p->ops);
     cd_fence_prune(c);
     /* Records marked for other contexts' fences while c kept walks out. */
-    if (cd_fence_marked()) {
-        if (cd_gate_enter()) {
-            if (cd_fence_fill(c))
-                p->again = true;
-            cd_gate_exit();
-        } else {
-            p->again = true;
-        }
-    }
+    if (cd_fence_marked() && fill_marked(c))
+        p->again = true;
     bool (*fn)(struct cd_ctx *) = atomic_load(&on_visit);
     if (fn && fn(c))
         p->again = true;
