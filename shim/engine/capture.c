@@ -2,6 +2,7 @@
 #include "capture.h"
 
 #include "array.h"
+#include "contexts.h"
 #include "engine.h"
 #include "log.h"
 #include "driver.h"
@@ -266,6 +267,22 @@ static bool of_id(const struct capture *c, const void *arg)
     return c->id == *(const unsigned long long *)arg;
 }
 
+/* Whether the capture of id is still in the table and its stream has
+ * stopped capturing. Asked under the table's lock: a stream's or a
+ * context's end takes that lock (forget) before the driver's destruction,
+ * so the stream named is alive. */
+static bool stopped_while_listed(const struct capture *c)
+{
+    bool listed = false, gone = false;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < ntable && !listed; i++)
+        listed = table[i].id == c->id;
+    if (listed)
+        gone = stopped(c->stream);
+    pthread_mutex_unlock(&table_lock);
+    return gone;
+}
+
 void cd_capture_check(void)
 {
     if (atomic_load(&captures_live) == 0)
@@ -273,7 +290,10 @@ void cd_capture_check(void)
     /* Streams the program created can be asked from any thread. Each
      * capture is named by its id: between the question and the answer the
      * program may end that capture and begin another on the same stream,
-     * which must stay counted. */
+     * which must stay counted. Each is asked with its context's slot
+     * entered as a walk, which a primary release or a green context's
+     * destruction waits for (a context may end in them without the table
+     * being told first), and only while still listed. */
     struct capture seen[64];
     size_t n = 0;
     pthread_mutex_lock(&table_lock);
@@ -281,9 +301,15 @@ void cd_capture_check(void)
         if (table[i].stream != CU_STREAM_PER_THREAD && table[i].stream != CU_STREAM_LEGACY)
             seen[n++] = table[i];
     pthread_mutex_unlock(&table_lock);
-    for (size_t i = 0; i < n; i++)
-        if (stopped(seen[i].stream))
+    for (size_t i = 0; i < n; i++) {
+        struct cd_ctx *slot = seen[i].ctx ? cd_ctx_find(seen[i].ctx) : NULL;
+        if (!slot || !cd_ctx_enter_walk(slot, atomic_load(&slot->gen)))
+            continue;
+        bool gone = cd_ctx_find(seen[i].ctx) == slot && stopped_while_listed(&seen[i]);
+        cd_ctx_exit_walk(slot);
+        if (gone)
             end_where(of_id, &seen[i].id, false);
+    }
 }
 
 void cd_capture_reset(void)
