@@ -92,7 +92,6 @@ static uint64_t expected_cost(enum cd_kind kind, size_t bytes)
 
 /* ---- allocations -------------------------------------------------------------- */
 
-
 void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, size_t bytes,
                     unsigned flags, bool narrow)
 {
@@ -129,8 +128,7 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r) {
         *own = (*r)->done ? cd_driver_ops()->event_query((*r)->done) : CUDA_SUCCESS;
-        q = *own == CUDA_SUCCESS && !cd_fence_far_passed(c, (*r)->far) ? CUDA_ERROR_NOT_READY
-                                                                       : *own;
+        q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
     }
     cd_gate_exit();
     return q;

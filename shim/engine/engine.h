@@ -31,9 +31,10 @@
  *     at most what an allocation of that kind and size was measured to take
  *     (CUDEFER_REUSE_WAIT), or, for managed memory, until the work before a
  *     block the same thread released while the GPU ran it has finished
- *     (the driver's release would have waited for it: cache.c); after an out-of-memory answer, once taking back
- *     what needs no waiting was not enough; a registration overlapping a
- *     range whose unregister is still pending;
+ *     (the driver's release would have waited for it: cache.c); after an
+ *     out-of-memory answer, once taking back what needs no waiting was not
+ *     enough; a registration overlapping a range whose unregister is still
+ *     pending;
  *   - cuCtxSynchronize waits (the program's own wait) and then flushes;
  *     cudefer_flush and context teardown wait.
  * Functions below say when they may wait.
