@@ -687,10 +687,11 @@ Test(scenarios, out_of_memory_while_frees_settle, .timeout = 60)
     }
 }
 
-/* A thread keeps a capture live on a stream of its own for as long as a
- * program's capture may last: until told to end it. */
+/* A thread keeps a capture live on a stream of its own in ctx, in mode,
+ * for as long as a program's capture may last: until told to end it. */
 struct long_capture {
     CUcontext ctx;
+    CUstreamCaptureMode mode;
     atomic_int live, end;
     CUresult begin_rc, end_rc;
 };
@@ -698,11 +699,12 @@ struct long_capture {
 static void *capture_until_told(void *arg)
 {
     struct long_capture *lc = arg;
-    cuCtxSetCurrent(lc->ctx);
+    CU_OK(cuCtxSetCurrent(lc->ctx));
     CUstream s;
     CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    lc->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
-    testdrv_launch(s, 10, 0, 0, TESTDRV_NONE);
+    lc->begin_rc = cuStreamBeginCapture(s, lc->mode);
+    if (lc->begin_rc == CUDA_SUCCESS)
+        CU_OK(testdrv_launch(s, 10, 0, 0, TESTDRV_NONE));
     atomic_store(&lc->live, 1);
     while (!atomic_load(&lc->end))
         sleep_ms(1);
@@ -710,7 +712,7 @@ static void *capture_until_told(void *arg)
     lc->end_rc = cuStreamEndCapture(s, &g);
     if (g)
         cuGraphDestroy(g);
-    cuStreamDestroy(s);
+    CU_OK(cuStreamDestroy(s));
     return NULL;
 }
 
@@ -736,7 +738,7 @@ static void out_of_memory_while_another_thread_captures(bool later_spin)
     struct spin sp;
     if (later_spin)
         spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    struct long_capture lc = {.ctx = ctx};
+    struct long_capture lc = {.ctx = ctx, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, capture_until_told, &lc), 0);
     while (!atomic_load(&lc.live))
@@ -781,6 +783,13 @@ Test(scenarios, out_of_memory_while_another_thread_captures_before_12_5, .timeou
     out_of_memory_while_another_thread_captures(false);
 }
 
+/* After a flush, no pinned memory is live in the driver. */
+static bool pinned_memory_back(void)
+{
+    cudefer_flush();
+    return testdrv_live(TESTDRV_HOST) == 0;
+}
+
 /* A fence made while another thread releases (not for the last time) the
  * primary context of a second GPU cannot record that context's work then:
  * the record is marked, made later by cudefer's background thread, and the
@@ -788,37 +797,6 @@ Test(scenarios, out_of_memory_while_another_thread_captures_before_12_5, .timeou
  * as the program likes, must not keep those records from being made: here
  * cudefer_flush gives back every released pinned block while the capture
  * is still live, and the capture survives. */
-struct capture_in {
-    CUcontext ctx;
-    atomic_int live, end;
-    CUresult end_rc;
-};
-
-static void *capture_in_until_told(void *arg)
-{
-    struct capture_in *ci = arg;
-    CU_OK(cuCtxSetCurrent(ci->ctx));
-    CUstream s;
-    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CU_OK(testdrv_launch(s, 10, 0, 0, TESTDRV_NONE));
-    atomic_store(&ci->live, 1);
-    while (!atomic_load(&ci->end))
-        sleep_ms(1);
-    CUgraph g = NULL;
-    ci->end_rc = cuStreamEndCapture(s, &g);
-    if (g)
-        cuGraphDestroy(g);
-    CU_OK(cuStreamDestroy(s));
-    return NULL;
-}
-
-static bool pinned_memory_back(void)
-{
-    cudefer_flush();
-    return testdrv_live(TESTDRV_HOST) == 0;
-}
-
 Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .timeout = 60)
 {
     setenv("TESTDRIVER_DEVICES", "2", 1);
@@ -845,8 +823,9 @@ Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .tim
             CU_OK(cuMemAllocHost(&h, 4096));
             CU_OK(cuMemFreeHost(h));
         }
-        struct capture_in ci = {.ctx = third};
-        cr_assert_eq(pthread_create(&cap, NULL, capture_in_until_told, &ci), 0);
+        /* Relaxed: the main thread's calls stay allowed meanwhile. */
+        struct long_capture ci = {.ctx = third, .mode = CU_STREAM_CAPTURE_MODE_RELAXED};
+        cr_assert_eq(pthread_create(&cap, NULL, capture_until_told, &ci), 0);
         while (!atomic_load(&ci.live))
             sleep_ms(1);
         atomic_store(&rl.stop, 1);
@@ -857,6 +836,7 @@ Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .tim
         pthread_join(cap, NULL);
         cr_expect(back, "round %d: %zu pinned blocks released before another context's "
                   "capture began are still held while it is live", round, left);
+        cr_expect_eq(ci.begin_rc, CUDA_SUCCESS);
         cr_expect_eq(ci.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)ci.end_rc);
     }
     cr_expect_eq(testdrv_invalidated_captures(), 0);
