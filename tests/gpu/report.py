@@ -769,50 +769,58 @@ def report_teardown_race(res, summary):
                      s.get("a_flushes", "-")))
 
 
-def report_oom_concurrent(res, summary):
-    rows, verdicts = [], []
+def oom_concurrent_rows(res, result, problems_of, cells_of, verdicts):
+    """One table's rows of oom_concurrent's RESULT line named result, in
+    both modes; the shim's verdict goes to verdicts."""
+    rows = []
     for mode in ("none", "shim"):
-        r = res.one("oom_concurrent", mode=mode)
+        r = res.one(result, mode=mode)
         run = res.run_status("oom-concurrent", mode, "oom_concurrent")
-        problems = []
-        if r:
-            if r.get("alloc_rc") != "CUDA_SUCCESS":
-                problems.append("the 150 MiB allocation failed")
-            if not is_success(r, "a_free_host_rc", "sync_rc"):
-                problems.append("a call failed")
-            if r.get("kernel_running") != "1":
-                problems.append("the kernel had finished")
-        v = verdict_of(problems, r, run, simulated(r))
+        v = verdict_of(problems_of(r) if r else [], r, run, simulated(r))
         if mode == "shim":
             verdicts.append(v)
-        r = r or {}
-        rows.append((MODE_TITLES[mode], run, r.get("free_after_fill_mib", "-"),
-                     r.get("alloc_rc", "-"), fmt_ms(num(r, "alloc_ms")),
-                     r.get("kernel_running", "-"), r.get("a_flushed", "-"),
-                     v if mode == "shim" else "recorded"))
+        rows.append((MODE_TITLES[mode], run) + cells_of(r or {}) +
+                    (v if mode == "shim" else "recorded",))
+    return rows
+
+
+def flush_phase_problems(r):
+    problems = []
+    if r.get("alloc_rc") != "CUDA_SUCCESS":
+        problems.append("the 150 MiB allocation failed")
+    if not is_success(r, "a_free_host_rc", "sync_rc"):
+        problems.append("a call failed")
+    if r.get("kernel_running") != "1":
+        problems.append("the kernel had finished")
+    return problems
+
+
+def capture_phase_problems(r):
+    problems = []
+    if r.get("alloc_rc") != "CUDA_SUCCESS":
+        problems.append("the 250 MiB allocation during the capture failed")
+    if not is_success(r, "begin_rc", "end_rc"):
+        problems.append("the capture failed or was invalidated")
+    if r.get("kernel_running") != "1":
+        problems.append("the 300 ms kernel had finished")
+    return problems
+
+
+def report_oom_concurrent(res, summary):
+    verdicts = []
+    rows = oom_concurrent_rows(
+        res, "oom_concurrent", flush_phase_problems,
+        lambda r: (r.get("free_after_fill_mib", "-"), r.get("alloc_rc", "-"),
+                   fmt_ms(num(r, "alloc_ms")), r.get("kernel_running", "-"),
+                   r.get("a_flushed", "-")), verdicts)
     table("oom-concurrent: an allocation that needs freed memory while another thread's flush "
           "waits for a 1.5 s kernel",
           ("mode", "program", "free after fill MiB", "alloc rc", "alloc ms", "kernel running",
            "A flushed", "verdict"), rows)
-    rows = []
-    for mode in ("none", "shim"):
-        r = res.one("oom_capture", mode=mode)
-        run = res.run_status("oom-concurrent", mode, "oom_concurrent")
-        problems = []
-        if r:
-            if r.get("alloc_rc") != "CUDA_SUCCESS":
-                problems.append("the 250 MiB allocation during the capture failed")
-            if not is_success(r, "begin_rc", "end_rc"):
-                problems.append("the capture failed or was invalidated")
-            if r.get("kernel_running") != "1":
-                problems.append("the 300 ms kernel had finished")
-        v = verdict_of(problems, r, run, simulated(r))
-        if mode == "shim":
-            verdicts.append(v)
-        r = r or {}
-        rows.append((MODE_TITLES[mode], run, r.get("alloc_rc", "-"), fmt_ms(num(r, "alloc_ms")),
-                     r.get("kernel_running", "-"), r.get("end_rc", "-"),
-                     v if mode == "shim" else "recorded"))
+    rows = oom_concurrent_rows(
+        res, "oom_capture", capture_phase_problems,
+        lambda r: (r.get("alloc_rc", "-"), fmt_ms(num(r, "alloc_ms")),
+                   r.get("kernel_running", "-"), r.get("end_rc", "-")), verdicts)
     table("oom-concurrent, capture: the same need while another thread's global capture is "
           "live (the block freed behind a 300 ms kernel)",
           ("mode", "program", "alloc rc", "alloc ms", "kernel running", "capture end rc",
