@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,23 @@ uint64_t hx_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t hx_thread_run_delay_ns(void)
+{
+    /* Opened once per thread (-2: not yet), read again from its start. */
+    static _Thread_local int fd = -2;
+    if (fd == -2)
+        fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[96];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    unsigned long long run, delay;
+    return sscanf(buf, "%llu %llu", &run, &delay) == 2 ? delay : 0;
 }
 
 /* ---- the run ----------------------------------------------------------- */

@@ -122,6 +122,12 @@ bool hx_shim_loaded(void);
 
 uint64_t hx_now_ns(void);
 
+/* Nanoseconds the calling thread has spent runnable but waiting for a CPU
+ * (the kernel's schedstat run delay, /proc/thread-self/schedstat), or 0
+ * where the kernel does not say. A call that took long only because its
+ * thread was kept off the CPU did not wait for anything. */
+uint64_t hx_thread_run_delay_ns(void);
+
 /* ---- contexts --------------------------------------------------------------- */
 
 /* A context the harness works in. A correct program never uses the legacy

@@ -40,7 +40,9 @@
  *    delta 0), the thread was blocked in the driver less than 2 ms, and it
  *    did not wait for the epoch's kernels by polling (a call of 15 ms or
  *    more that returned within 3 ms of the flag of an epoch whose kernels
- *    ran when it began: judge_wall):
+ *    ran when it began: judge_wall; not judged when the machine may
+ *    account for the time: its thread waited for a CPU, or a stall of the
+ *    test driver's own lock overlapped it, testdrv_lock_stall_end_ns):
  *    cuMemFree*, cuMemFreeHost, cuArrayDestroy, cuMipmappedArrayDestroy,
  *    cuModuleUnload, cuLibraryUnload, every allocation (cuMemAlloc*,
  *    cuMemAllocPitch*, cuMemAllocManaged, cuMemAllocHost*, cuMemHostAlloc,
@@ -71,7 +73,8 @@
  *    are work submitted after it, which it must not wait for, and an
  *    unregister that waited for them would return only after their flag
  *    (judged when no call allowed to wait, primary context release or
- *    green context destruction overlapped it: see stalls_fences);
+ *    green context destruction overlapped it, see stalls_fences, and the
+ *    machine did not hold it back: held_back);
  *  - allowed to wait: cuCtxSynchronize* (for its own context's work only:
  *    the test driver counts a synchronisation that had to wait for
  *    unfinished work of another context, testdrv_thread_foreign_syncs, and
@@ -567,6 +570,7 @@ struct probe {
     char what[2 * HX_TEXT];
     int row;
     uint64_t wait_calls, blocked_ns, foreign_syncs, t0;
+    uint64_t run_delay_ns; /* hx_thread_run_delay_ns at the beginning */
     long epoch;
     unsigned long long waits_begun; /* waits_started at the beginning */
     bool waits_under_way;           /* a call allowed to wait ran at the beginning */
@@ -622,6 +626,7 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
     p->wait_calls = testdrv_thread_wait_calls();
     p->blocked_ns = testdrv_thread_blocked_ns();
     p->foreign_syncs = testdrv_thread_foreign_syncs();
+    p->run_delay_ns = hx_thread_run_delay_ns();
     p->t0 = hx_now_ns();
 }
 
@@ -636,11 +641,33 @@ static void probe_begin(struct worker *w, struct probe *p, const char *name, con
 #define WALL_WAIT_NS 15000000ull
 #define WALL_AFTER_FLAG_NS 3000000ull
 
+/* Calls not judged for their time because the machine held them back
+ * (held_back). */
+static _Atomic unsigned long long wall_exempt;
+
+/* Whether the machine, not the GPU, may account for a call's time from
+ * p->t0 to t1 beyond slack_ns: its thread waited that long for a CPU, or
+ * some call waited 1 ms or more for the test driver's own lock meanwhile
+ * (a holder descheduled; every call waits, on no GPU work, and the real
+ * driver has no such lock). Both seen on an overloaded machine under the
+ * sanitizers: lock waits of 20-78 ms, most at a run's start, and an 18 ms
+ * call of which the CPU was the cause. */
+static bool held_back(const struct probe *p, uint64_t slack_ns)
+{
+    return testdrv_lock_stall_end_ns() > p->t0 ||
+           hx_thread_run_delay_ns() - p->run_delay_ns >= slack_ns;
+}
+
 static void judge_wall(struct worker *w, const struct probe *p, uint64_t t1)
 {
     if (t1 - p->t0 < WALL_WAIT_NS || p->waits_under_way ||
         p->waits_begun != atomic_load(&waits_started) || atomic_load(&waits_ended_ns) > p->t0)
         return;
+    /* Judged when the call would still have taken WALL_WAIT_NS. */
+    if (held_back(p, t1 - p->t0 - WALL_WAIT_NS + 1)) {
+        atomic_fetch_add(&wall_exempt, 1);
+        return;
+    }
     long now = atomic_load(&epoch_now);
     for (long e = p->epoch < 0 ? 0 : p->epoch; e <= now; e++) {
         uint64_t launched = atomic_load(&epoch_launch_ns[e % NEPOCH]);
@@ -721,7 +748,9 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
             if (launched <= p->t0 + FENCE_SLACK_NS)
                 continue;
             uint64_t released = atomic_load(&epoch_flag_ns[e % NEPOCH]);
-            if (released && released < t1)
+            if (released && released < t1 && held_back(p, t1 - released))
+                atomic_fetch_add(&bounded_exempt, 1);
+            else if (released && released < t1)
                 hx_fail(&w->t, "unregister-delayed",
                         "%s returned %.2f ms after the release of kernels submitted %.2f ms "
                         "after it began: it waited for work submitted after it", p->name,
@@ -1959,7 +1988,10 @@ int main(int argc, char **argv)
            "registrations over a pending unregister, %llu last releases of primary(1)\n", oom,
            overlap, last);
     printf("property: %llu unregisters not judged for their bound (a call allowed to wait "
-           "overlapped them)\n", atomic_load(&bounded_exempt));
+           "overlapped them, or the machine held them back)\n", atomic_load(&bounded_exempt));
+    printf("property: %llu calls of 15 ms or more not judged for a wait by polling (the "
+           "machine held them back: no CPU, or the test driver's lock)\n",
+           atomic_load(&wall_exempt));
     char never[2048] = "";
     for (int i = 0; i < nwrapped; i++) {
         int r = rule_index(wrapped[i]);

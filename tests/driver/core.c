@@ -22,9 +22,32 @@ atomic_uint_fast64_t td_call_counts[TD_EP_COUNT];
 /* ------------------------------------------------------------------ */
 /* Entry and exit                                                      */
 
+/* The latest moment a wait of at least TD_LOCK_STALL_NS for td.mu ended
+ * (testdrv_lock_stall_end_ns). */
+_Atomic uint64_t td_lock_stall_end;
+
+/* Takes td.mu for a call. One lock serialises the whole simulation, which
+ * the real driver does not: when the machine is overloaded, a thread that
+ * holds it can be descheduled for tens of milliseconds while every other
+ * call waits. Such waits are noted, so that a test timing calls can tell
+ * them from a wait for the GPU. */
+static void lock_for_call(void)
+{
+    if (pthread_mutex_trylock(&td.mu) == 0)
+        return;
+    uint64_t t0 = td_now_ns();
+    pthread_mutex_lock(&td.mu);
+    uint64_t t1 = td_now_ns();
+    if (t1 - t0 < TD_LOCK_STALL_NS)
+        return;
+    uint64_t last = atomic_load(&td_lock_stall_end);
+    while (last < t1 && !atomic_compare_exchange_weak(&td_lock_stall_end, &last, t1))
+        ;
+}
+
 CUresult td_enter_any(void)
 {
-    pthread_mutex_lock(&td.mu);
+    lock_for_call();
     if (td.forked || td.deinitialized) {
         CUresult rc = td.forked ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_DEINITIALIZED;
         if (td.deinitialized && !td.deinit_reported) {

@@ -202,3 +202,4 @@ TD_EP(cuGetProcAddress_v2)
 /* Test-only hooks that stand in for kernels (hooks.c) */
 TD_EP(testdrv_launch)
 TD_EP(testdrv_launch_spin)
+TD_EP(testdrv_hold_lock)

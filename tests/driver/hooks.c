@@ -185,6 +185,19 @@ TD_EXPORT CUresult testdrv_launch_spin(CUstream s, const volatile int *flag)
     return td_leave(td_launch_op(s, false, NULL, op));
 }
 
+/* Stands for a thread descheduled while it holds the driver's lock: takes
+ * it, sets *held, and keeps it for ns. */
+TD_EXPORT CUresult testdrv_hold_lock(uint64_t ns, volatile int *held)
+{
+    TD_COUNT(testdrv_hold_lock);
+    CUresult rc = td_enter_args(held != NULL);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *held = 1;
+    td_sleep_ns(ns);
+    return td_leave(CUDA_SUCCESS);
+}
+
 /* ------------------------------------------------------------------ */
 /* Counters                                                            */
 
@@ -207,6 +220,8 @@ TD_EXPORT uint64_t testdrv_calls(const char *name)
 TD_EXPORT uint64_t testdrv_thread_wait_calls(void) { return td_tls.wait_calls; }
 
 TD_EXPORT uint64_t testdrv_thread_blocked_ns(void) { return td_tls.blocked_ns; }
+
+TD_EXPORT uint64_t testdrv_lock_stall_end_ns(void) { return atomic_load(&td_lock_stall_end); }
 
 /* Reads one counter under the lock (the hooks work before cuInit). */
 static uint64_t read_u64(const uint64_t *p)

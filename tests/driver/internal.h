@@ -339,6 +339,10 @@ struct td_tls {
 
 extern _Thread_local struct td_tls td_tls;
 
+/* A wait this long for td.mu, in a call, is noted (core.c). */
+#define TD_LOCK_STALL_NS 1000000u
+extern _Atomic uint64_t td_lock_stall_end;
+
 /* ---- core.c ---- */
 
 /* Checks that the driver is initialised (and not a poisoned fork child)

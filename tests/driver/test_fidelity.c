@@ -9,6 +9,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #define MS 1000000ull      /* ns per ms */
 #define KERNEL_1S 1000000u /* us */
 #define MIB ((size_t)1 << 20)
+#define TD_STALL_NOTED_NS MS /* testdrv_lock_stall_end_ns: waits of 1 ms or more */
 
 #define CU_OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 
@@ -888,6 +890,44 @@ Test(teardown, primary_context_last_release_and_reset, .timeout = 10)
     CU_OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
     cr_assert_eq(active, 0);
     cr_assert_eq(testdrv_live(TESTDRV_DEVICE), 0);
+}
+
+/* The whole simulation runs under one lock. A call that had to wait for it
+ * while its holder was descheduled (on an overloaded machine) is noted, so
+ * that tests timing calls can tell it from a wait for the GPU. */
+
+static volatile int lock_held;
+
+static void *hold_lock_30ms(void *arg)
+{
+    (void)arg;
+    cr_assert_eq(testdrv_hold_lock(30 * MS, &lock_held), CUDA_SUCCESS);
+    return NULL;
+}
+
+Test(lock, a_call_held_back_by_the_drivers_own_lock_is_noted, .timeout = 10)
+{
+    CU_OK(cuInit(0));
+    int n;
+    uint64_t before = testdrv_lock_stall_end_ns();
+    for (int i = 0; i < 100; i++)
+        CU_OK(cuDeviceGetCount(&n));
+    cr_assert_eq(testdrv_lock_stall_end_ns(), before, "calls no lock held back are not noted");
+
+    pthread_t t;
+    lock_held = 0;
+    cr_assert_eq(pthread_create(&t, NULL, hold_lock_30ms, NULL), 0);
+    while (!lock_held)
+        sched_yield();
+    uint64_t t0 = now_ns();
+    CU_OK(cuDeviceGetCount(&n));
+    uint64_t t1 = now_ns();
+    pthread_join(t, NULL);
+    cr_assert_geq(t1 - t0, 20 * MS, "the call waited for the lock");
+    uint64_t end = testdrv_lock_stall_end_ns();
+    cr_assert(end >= t0 + TD_STALL_NOTED_NS && end <= t1,
+              "the wait is noted with its end (%llu ns after the call began, which took %llu)",
+              (unsigned long long)(end - t0), (unsigned long long)(t1 - t0));
 }
 
 /* ------------------------------------------------------------------ */

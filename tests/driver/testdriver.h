@@ -202,6 +202,19 @@ uint64_t testdrv_thread_wait_calls(void);
  * for GPU work or for a lock that a waiting release held. */
 uint64_t testdrv_thread_blocked_ns(void);
 
+/* The CLOCK_MONOTONIC time, in ns, at which the latest call ended a wait of
+ * 1 ms or more for the test driver's own lock (0: none so far). One lock
+ * serialises the whole simulation; on an overloaded machine a thread that
+ * holds it may be descheduled for tens of milliseconds, and every call made
+ * meanwhile waits, on no GPU work: a test that times calls skips those that
+ * ran while this happened. The real driver has no such lock. */
+uint64_t testdrv_lock_stall_end_ns(void);
+
+/* Takes the test driver's lock, sets *held, and keeps the lock for ns
+ * nanoseconds: a thread descheduled while it holds it (for tests of
+ * testdrv_lock_stall_end_ns). */
+CUresult testdrv_hold_lock(uint64_t ns, volatile int *held);
+
 /* Kernel touches of memory that was not live (use after free). */
 uint64_t testdrv_faults(void);
 
