@@ -70,7 +70,7 @@
  * succeeded.
  *
  * Usage: cudefer-loops [--shim PATH] [--runs N] [--quick] [--smoke]
- *                      [--only stall,loops,cost,live] [--log FILE]
+ *                      [--only stall,loops,cost,live] [--rows ID,...] [--log FILE]
  *                      [--goals FILE] [--live-budget S] [--budget S]
  *   --shim PATH      libcudefer.so (default: $CUDEFER_SHIM, else the one
  *                    this process has preloaded)
@@ -78,6 +78,9 @@
  *   --quick          a 200 ms kernel in the stall section instead of 1 s
  *   --smoke          tiny counts, for the test driver
  *   --only LIST      sections to run (default all)
+ *   --rows LIST      loop rows to run, by id (dev4k, dev64m, host4k, host64m,
+ *                    reg4k, reg64m, man4k, man64m; default all): repeated
+ *                    runs of a few rows show how far they move between runs
  *   --log FILE       every child line and every cudefer report, for the
  *                    record
  *   --goals FILE     the goals and their verdicts, one a line
@@ -125,6 +128,7 @@ static struct {
     bool smoke;
     const char *shim;
     const char *only;
+    const char *rows;   /* --rows: loop rows to run (NULL: all) */
     const char *log;
     const char *goals;
     double live_budget_s; /* 0: the default */
@@ -140,10 +144,32 @@ static struct {
  * CUDEFER_KEEP at KEEP_BYTES, which keeps its blocks across the loop's
  * synchronisations as the pool at its maximum release threshold does. The
  * stall, cost and live sections run the first two (N_PAIR). */
-enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, N_MODES };
+enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, MODE_POOL0, N_MODES };
 #define N_PAIR 2
 #define KEEP_BYTES "1T"
-static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep"};
+static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep", "pool0"};
+
+/* The pool children: at the maximum release threshold ("pool"), which
+ * keeps every block across synchronisations, and at the driver's default,
+ * 0 ("pool0"), which gives them back at each: the policy of cudefer's own
+ * default, as the first is that of CUDEFER_KEEP. */
+static bool mode_is_pool(int mode)
+{
+    return mode == MODE_POOL || mode == MODE_POOL0;
+}
+
+/* Whether name is an item of the comma-separated list (no list: all). */
+static bool listed(const char *list, const char *name)
+{
+    if (!list)
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ','))
+            return true;
+    return false;
+}
+
 
 static bool mode_has_shim(int mode)
 {
@@ -441,6 +467,12 @@ static const struct loop_row *find_row(const char *id)
     return NULL;
 }
 
+/* --rows: the loop rows to run (all by default). */
+static bool row_wanted(const struct loop_row *r)
+{
+    return listed(opt.rows, r->id);
+}
+
 static int row_iters(const struct loop_row *r, enum touch t)
 {
     return opt.smoke ? r->smoke_iters : r->iters[t];
@@ -491,7 +523,7 @@ typedef CUresult (*pool_access_fn)(CUmemoryPool, const CUmemAccessDesc *, size_t
 typedef CUresult (*default_pool_fn)(CUmemoryPool *, CUmemLocation *, CUmemAllocationType);
 
 /* Makes r's pool; false (and why in p->note) when there is none. */
-static bool loop_pool_open(const struct loop_row *r, struct loop_pool *p)
+static bool loop_pool_open(const struct loop_row *r, cuuint64_t threshold, struct loop_pool *p)
 {
     CUresult rc;
     CUmemPoolProps props;
@@ -573,8 +605,7 @@ static bool loop_pool_open(const struct loop_row *r, struct loop_pool *p)
         snprintf(p->note, sizeof p->note, "registrations have no pool");
         return false;
     }
-    cuuint64_t max = UINT64_MAX;
-    rc = cuMemPoolSetAttribute(p->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max);
+    rc = cuMemPoolSetAttribute(p->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
     if (rc != CUDA_SUCCESS) {
         size_t used = strlen(p->note);
         snprintf(p->note + used, sizeof p->note - used, "; release threshold not set: %s",
@@ -660,8 +691,9 @@ static void child_loop(const char *spec)
         gc_die("no touch %s", colon + 1);
 
     struct loop_pool pool_state, *pool = NULL;
-    if (mode_of(opt.mode) == MODE_POOL) {
-        if (!loop_pool_open(r, &pool_state)) {
+    int mode = mode_of(opt.mode);
+    if (mode_is_pool(mode)) {
+        if (!loop_pool_open(r, mode == MODE_POOL ? UINT64_MAX : 0, &pool_state)) {
             char note[200];
             note_token(note, sizeof note, pool_state.note);
             printf("R loop_na row=%s touch=%s why=%s\n", r->id, touch_names[t], note);
@@ -1683,6 +1715,65 @@ static const char *against(double us, double ref_us, double limit, const char *w
     return us <= limit * ref_us ? "met" : "NOT met";
 }
 
+/* The pool child's "used / reserved high" cell, or why there is none. */
+static void pool_held(char *out, size_t size, struct job *pl, const struct loop_row *r)
+{
+    if (!row_has_pool(r) || first_line(pl, "loop_na") || !pl->ran) {
+        snprintf(out, size, "–");
+        return;
+    }
+    char used[16] = "-1", resv[16] = "-1", u[32], v[32];
+    const char *l = first_line(pl, "loop_pool");
+    if (l) {
+        field(l, "used_high", used, sizeof used);
+        field(l, "reserved_high", resv, sizeof resv);
+    }
+    fmt_bytes(u, sizeof u, strtod(used, NULL));
+    fmt_bytes(v, sizeof v, strtod(resv, NULL));
+    snprintf(out, size, "%s / %s", u, v);
+}
+
+/* Each policy against the pool's of the same kind: cudefer at its default
+ * (everything back at a synchronisation) against the pool at its default
+ * release threshold, 0; CUDEFER_KEEP against the pool at the maximum. */
+static void print_like_for_like(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
+{
+    bool any = false;
+    for (size_t i = 0; i < N_LOOP_ROWS; i++)
+        any |= row_has_pool(&loop_rows[i]) && row_wanted(&loop_rows[i]);
+    if (!any)
+        return;
+    printf("\nLike for like, %s touch: cudefer at its default against the pool at its default "
+           "release threshold (0: the pool gives its memory back at each synchronisation, as "
+           "cudefer does), and cudefer with CUDEFER_KEEP against the pool at the maximum "
+           "(both keep it). µs per iteration, median (min–max); held as above.\n\n",
+           touch_names[t]);
+    printf("| loop | cudefer µs | pool at 0 µs | held (used / reserved high) | cudefer / pool at 0 "
+           "| keep / pool at max |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < N_LOOP_ROWS; i++) {
+        const struct loop_row *r = &loop_rows[i];
+        if (!row_has_pool(r) || !row_wanted(r))
+            continue;
+        struct job *p0 = &jobs[i][t][MODE_POOL0];
+        struct series tc = collect(&jobs[i][t][MODE_CUDEFER], "loop", "row", r->id,
+                                   "us_per_iter");
+        struct series t0 = collect(p0, "loop", "row", r->id, "us_per_iter");
+        struct series tp = collect(&jobs[i][t][MODE_POOL], "loop", "row", r->id, "us_per_iter");
+        struct series tk = collect(&jobs[i][t][MODE_KEEP], "loop", "row", r->id, "us_per_iter");
+        char c[160], z[160], held[80], r0[32], rk[32];
+        fmt_cell(c, sizeof c, tc);
+        if (first_line(p0, "loop_na") || !p0->ran)
+            snprintf(z, sizeof z, "n/a");
+        else
+            fmt_cell(z, sizeof z, t0);
+        pool_held(held, sizeof held, p0, r);
+        fmt_ratio(r0, sizeof r0, tc, t0);
+        fmt_ratio(rk, sizeof rk, tk, tp);
+        printf("| %s%s | %s | %s | %s | %s | %s |\n", r->label, mode_status(p0), c, z, held, r0,
+               rk);
+    }
+}
+
 static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
 {
     printf("\n### Loops, %s touch: allocate, touch with a kernel, release, no synchronisation "
@@ -1713,6 +1804,8 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
         const struct loop_row *r = &loop_rows[i];
+        if (!row_wanted(r))
+            continue;
         struct job *none = &jobs[i][t][MODE_NONE], *cd = &jobs[i][t][MODE_CUDEFER];
         struct job *pl = &jobs[i][t][MODE_POOL], *kp = &jobs[i][t][MODE_KEEP];
         struct series tn = collect(none, "loop", "row", r->id, "us_per_iter");
@@ -1741,15 +1834,7 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             snprintf(held_p, sizeof held_p, "–");
         } else {
             fmt_cell(c, sizeof c, tp);
-            char used[16] = "-1", resv[16] = "-1", u[32], v[32];
-            const char *l = first_line(pl, "loop_pool");
-            if (l) {
-                field(l, "used_high", used, sizeof used);
-                field(l, "reserved_high", resv, sizeof resv);
-            }
-            fmt_bytes(u, sizeof u, strtod(used, NULL));
-            fmt_bytes(v, sizeof v, strtod(resv, NULL));
-            snprintf(held_p, sizeof held_p, "%s / %s", u, v);
+            pool_held(held_p, sizeof held_p, pl, r);
         }
         fmt_ratio(rp, sizeof rp, tc, tp);
         fmt_ratio(rk, sizeof rk, tk, tp);
@@ -1787,6 +1872,8 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
                kp->ran ? rk : "–", rd, goal, met, met_k);
     }
 
+    print_like_for_like(jobs, t);
+
     /* What the pools were, and why some are missing. */
     printf("\nPools:\n\n");
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
@@ -1806,10 +1893,12 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
     /* Details: cudefer's counters and the sampled device memory. */
     printf("\nDetails (cudefer's counters over the child; device memory in use at the sampled "
            "peak, cuMemGetInfo %d times a run, above the level before the loop, largest over "
-           "the runs: driver / cudefer / pool / keep):\n\n",
+           "the runs: driver / cudefer / pool / keep / pool at threshold 0):\n\n",
            MEM_SAMPLES);
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
         const struct loop_row *r = &loop_rows[i];
+        if (!row_wanted(r))
+            continue;
         struct job *cd = &jobs[i][t][MODE_CUDEFER];
         char flushes[256], mem[N_MODES][32];
         double reused = report_object(cd->report, "reused", NULL, 0);
@@ -1825,9 +1914,10 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
         char reused_s[32] = "-";
         if (reused >= 0)
             snprintf(reused_s, sizeof reused_s, "%.0f", reused);
-        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s / %s\n",
+        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s / %s / "
+               "%s\n",
                r->id, reused_s, flushes, mem[MODE_NONE], mem[MODE_CUDEFER], mem[MODE_POOL],
-               mem[MODE_KEEP]);
+               mem[MODE_KEEP], mem[MODE_POOL0]);
     }
     for (size_t i = 0; i < N_LOOP_ROWS; i++)
         for (int m = 0; m < N_MODES; m++)
@@ -2020,13 +2110,7 @@ static void print_live(struct job *jobs)
 
 static bool section_wanted(const char *name)
 {
-    if (!opt.only)
-        return true;
-    size_t n = strlen(name);
-    for (const char *p = opt.only; (p = strstr(p, name)) != NULL; p += n)
-        if ((p == opt.only || p[-1] == ',') && (p[n] == 0 || p[n] == ','))
-            return true;
-    return false;
+    return listed(opt.only, name);
 }
 
 /* Checks that a job printed what it should have. */
@@ -2061,8 +2145,8 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--shim PATH] [--runs N] [--quick] [--smoke] "
-            "[--only stall,loops,cost,live] [--log FILE] [--goals FILE] [--live-budget S] "
-            "[--budget S]\n",
+            "[--only stall,loops,cost,live] [--rows ID,...] [--log FILE] [--goals FILE] "
+            "[--live-budget S] [--budget S]\n",
             argv0);
     exit(2);
 }
@@ -2087,6 +2171,8 @@ static void parse_args(int argc, char **argv)
             opt.smoke = true;
         else if (strcmp(a, "--only") == 0 && has)
             opt.only = argv[++i];
+        else if (strcmp(a, "--rows") == 0 && has)
+            opt.rows = argv[++i];
         else if (strcmp(a, "--log") == 0 && has)
             opt.log = argv[++i];
         else if (strcmp(a, "--goals") == 0 && has)
@@ -2113,6 +2199,19 @@ static void parse_args(int argc, char **argv)
             opt.mode = argv[++i];
         else
             usage(argv[0]);
+    }
+    for (const char *p = opt.rows; p && *p;) {
+        size_t n = strcspn(p, ",");
+        char id[32];
+        if (n == 0 || n >= sizeof id)
+            usage(argv[0]);
+        memcpy(id, p, n);
+        id[n] = 0;
+        if (!find_row(id)) {
+            fprintf(stderr, "cudefer-loops: no loop row %s\n", id);
+            usage(argv[0]);
+        }
+        p += n + (p[n] == ',');
     }
     if (opt.smoke && !opt.runs_given)
         opt.runs = 2;
@@ -2186,7 +2285,7 @@ int main(int argc, char **argv)
     parent_start_ms = t_start;
     fprintf(stderr, "cudefer-loops: shim %s; %d run(s) per figure%s%s\n", shim_path, opt.runs,
             opt.quick ? "; quick" : "", opt.smoke ? "; smoke" : "");
-    const struct job *info[N_MODES] = {NULL, NULL, NULL, NULL};
+    const struct job *info[N_MODES] = {NULL};
     double secs[4] = {0, 0, 0, 0};
     if (want_stall) {
         double t0 = gc_now_ms();
@@ -2204,7 +2303,8 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < N_LOOP_ROWS; i++)
                 for (int m = 0; m < N_MODES; m++) {
                     struct job *j = &loops[i][t][m];
-                    if ((m == MODE_POOL || m == MODE_KEEP) && !row_has_pool(&loop_rows[i]))
+                    if (!row_wanted(&loop_rows[i]) ||
+                        ((mode_is_pool(m) || m == MODE_KEEP) && !row_has_pool(&loop_rows[i])))
                         continue;
                     run_job(j);
                     if (!first_line(j, "loop_na"))
