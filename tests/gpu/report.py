@@ -648,6 +648,25 @@ def report_registered(res, summary):
                      fmt_ms(num(n, "launch_ms"))))
 
 
+def mode_rows(res, result, check, program, problems_of, cells_of, verdicts,
+              modes=("none", "shim"), needs_kernels=True):
+    """A row per mode of a program's RESULT line named result: the mode, how
+    the program ended, cells_of(r) ({} without a result) and the verdict,
+    which for the shim goes to verdicts ('recorded' in the other modes).
+    problems_of(r) lists what failed; needs_kernels: a run over the test
+    driver is 'simulated'."""
+    rows = []
+    for mode in modes:
+        r = res.one(result, mode=mode)
+        run = res.run_status(check, mode, program)
+        v = verdict_of(problems_of(r) if r else [], r, run, needs_kernels and simulated(r))
+        if mode == "shim":
+            verdicts.append(v)
+        rows.append((MODE_TITLES[mode], run) + tuple(cells_of(r or {})) +
+                    (v if mode == "shim" else "recorded",))
+    return rows
+
+
 def case_table(res, result, check, cases, judge, cells):
     """The rows and cudefer's verdicts of a program run per case without and
     with cudefer: judge(r, case) lists what failed in a run with cudefer,
@@ -742,23 +761,19 @@ def report_contexts(res, summary):
                  "%s ms with the writer still running" % fmt_ms(worst_sync))
 
 
+def teardown_race_problems(r):
+    if r.get("b_errors") != "0":
+        return ["%s of B's calls failed, first %s" % (r.get("b_errors"), r.get("first_error"))]
+    return []
+
+
 def report_teardown_race(res, summary):
-    rows, verdicts = [], []
-    for mode in ("none", "shim"):
-        r = res.one("teardown_race", mode=mode)
-        run = res.run_status("teardown-race", mode, "teardown_race")
-        problems = []
-        if r and r.get("b_errors") != "0":
-            problems.append("%s of B's calls failed, first %s" % (r.get("b_errors"),
-                                                                   r.get("first_error")))
-        v = verdict_of(problems, r, run)
-        if mode == "shim":
-            verdicts.append(v)
-        r = r or {}
-        rows.append((MODE_TITLES[mode], run, r.get("rounds", "-"), r.get("b_calls", "-"),
-                     r.get("b_errors", "-"), r.get("first_error", "-"), r.get("a_oom", "-"),
-                     r.get("a_other", "-"), r.get("a_flushes", "-"),
-                     v if mode == "shim" else "recorded"))
+    verdicts = []
+    rows = mode_rows(
+        res, "teardown_race", "teardown-race", "teardown_race", teardown_race_problems,
+        lambda r: tuple(r.get(k, "-") for k in ("rounds", "b_calls", "b_errors", "first_error",
+                                                "a_oom", "a_other", "a_flushes")),
+        verdicts, needs_kernels=False)
     table("teardown-race: contexts made and destroyed while another thread flushes",
           ("mode", "program", "rounds", "B calls", "B errors", "first error", "A OOM",
            "A other", "A flushes", "verdict"), rows)
@@ -767,21 +782,6 @@ def report_teardown_race(res, summary):
                  "shim: %s rounds, %s calls of B, %s failed; %s flushes of A" % (
                      s.get("rounds", "-"), s.get("b_calls", "-"), s.get("b_errors", "-"),
                      s.get("a_flushes", "-")))
-
-
-def oom_concurrent_rows(res, result, problems_of, cells_of, verdicts):
-    """One table's rows of oom_concurrent's RESULT line named result, in
-    both modes; the shim's verdict goes to verdicts."""
-    rows = []
-    for mode in ("none", "shim"):
-        r = res.one(result, mode=mode)
-        run = res.run_status("oom-concurrent", mode, "oom_concurrent")
-        v = verdict_of(problems_of(r) if r else [], r, run, simulated(r))
-        if mode == "shim":
-            verdicts.append(v)
-        rows.append((MODE_TITLES[mode], run) + cells_of(r or {}) +
-                    (v if mode == "shim" else "recorded",))
-    return rows
 
 
 def flush_phase_problems(r):
@@ -808,8 +808,8 @@ def capture_phase_problems(r):
 
 def report_oom_concurrent(res, summary):
     verdicts = []
-    rows = oom_concurrent_rows(
-        res, "oom_concurrent", flush_phase_problems,
+    rows = mode_rows(
+        res, "oom_concurrent", "oom-concurrent", "oom_concurrent", flush_phase_problems,
         lambda r: (r.get("free_after_fill_mib", "-"), r.get("alloc_rc", "-"),
                    fmt_ms(num(r, "alloc_ms")), r.get("kernel_running", "-"),
                    r.get("a_flushed", "-")), verdicts)
@@ -817,8 +817,8 @@ def report_oom_concurrent(res, summary):
           "waits for a 1.5 s kernel",
           ("mode", "program", "free after fill MiB", "alloc rc", "alloc ms", "kernel running",
            "A flushed", "verdict"), rows)
-    rows = oom_concurrent_rows(
-        res, "oom_capture", capture_phase_problems,
+    rows = mode_rows(
+        res, "oom_capture", "oom-concurrent", "oom_concurrent", capture_phase_problems,
         lambda r: (r.get("alloc_rc", "-"), fmt_ms(num(r, "alloc_ms")),
                    r.get("kernel_running", "-"), r.get("end_rc", "-")), verdicts)
     table("oom-concurrent, capture: the same need while another thread's global capture is "
@@ -835,26 +835,24 @@ def report_oom_concurrent(res, summary):
                      sc.get("alloc_rc", "-"), fmt_ms(num(sc, "alloc_ms")), sc.get("end_rc", "-")))
 
 
+def capture_ptsz_problems(r):
+    problems = []
+    if not is_success(r, "begin_rc", "launch_rc", "end_rc", "sync_rc"):
+        problems.append("a call failed")
+    if r.get("loop_errors") != "0":
+        problems.append("%s allocations or frees failed" % r.get("loop_errors"))
+    if num(r, "held_mib", 1e9) > CAPTURE_PTSZ_HELD_MIB:
+        problems.append("%s MiB held" % r.get("held_mib"))
+    return problems
+
+
 def report_capture_ptsz(res, summary):
-    rows, verdicts = [], []
-    for mode in ("none", "shim"):
-        r = res.one("capture_ptsz", mode=mode)
-        run = res.run_status("capture-ptsz", mode, "capture_ptsz")
-        problems = []
-        if r:
-            if not is_success(r, "begin_rc", "launch_rc", "end_rc", "sync_rc"):
-                problems.append("a call failed")
-            if r.get("loop_errors") != "0":
-                problems.append("%s allocations or frees failed" % r.get("loop_errors"))
-            if num(r, "held_mib", 1e9) > CAPTURE_PTSZ_HELD_MIB:
-                problems.append("%s MiB held" % r.get("held_mib"))
-        v = verdict_of(problems, r, run)
-        if mode == "shim":
-            verdicts.append(v)
-        r = r or {}
-        rows.append((MODE_TITLES[mode], run, r.get("begin_rc", "-"), r.get("end_rc", "-"),
-                     r.get("loop_errors", "-"), r.get("held_mib", "-"), r.get("settle_ms", "-"),
-                     v if mode == "shim" else "recorded"))
+    verdicts = []
+    rows = mode_rows(
+        res, "capture_ptsz", "capture-ptsz", "capture_ptsz", capture_ptsz_problems,
+        lambda r: tuple(r.get(k, "-") for k in ("begin_rc", "end_rc", "loop_errors",
+                                                "held_mib", "settle_ms")),
+        verdicts, needs_kernels=False)
     table("capture-ptsz: a capture on the per-thread stream (_ptsz), then 8 x 512 MiB "
           "alloc/free: memory held after cuCtxSynchronize",
           ("mode", "program", "begin", "end", "loop errors", "held MiB", "settle ms",
@@ -954,30 +952,28 @@ def report_primary_unseen(res, summary):
 
 
 def report_sticky(res, summary):
-    rows, verdicts = [], []
     n = res.one("sticky", mode="none")
-    for mode in ("none", "shim"):
-        r = res.one("sticky", mode=mode)
-        run = res.run_status("sticky", mode, "sticky")
+
+    def problems_of(r):
         problems = []
-        if r:
-            # On the H200 a fault leaves the process unable to make a new
-            # context (CUDA_ERROR_ILLEGAL_ADDRESS): the registration again is
-            # then not tried, the same way in both modes.
-            if r.get("fault") != "1" and not simulated(r):
-                problems.append("no fault")
-            if mode == "shim" and n:
-                problems += ["%s %s (driver: %s)" % (k, r.get(k), n.get(k))
-                             for k in ("fault_rc", "destroy_rc", "again_rc", "register_again_rc",
-                                       "unregister_again_rc", "destroy_again_rc")
-                             if r.get(k) != n.get(k)]
-        v = verdict_of(problems, r, run, simulated(r))
-        if mode == "shim":
-            verdicts.append(v)
-        r = r or {}
-        rows.append((MODE_TITLES[mode], run, r.get("unload_rc", "-"), r.get("unregister_rc", "-"),
-                     r.get("fault_rc", "-"), r.get("destroy_rc", "-"),
-                     r.get("register_again_rc", "-"), v if mode == "shim" else "recorded"))
+        # On the H200 a fault leaves the process unable to make a new
+        # context (CUDA_ERROR_ILLEGAL_ADDRESS): the registration again is
+        # then not tried, the same way in both modes.
+        if r.get("fault") != "1" and not simulated(r):
+            problems.append("no fault")
+        if n:
+            problems += ["%s %s (driver: %s)" % (k, r.get(k), n.get(k))
+                         for k in ("fault_rc", "destroy_rc", "again_rc", "register_again_rc",
+                                   "unregister_again_rc", "destroy_again_rc")
+                         if r.get(k) != n.get(k)]
+        return problems
+
+    verdicts = []
+    rows = mode_rows(
+        res, "sticky", "sticky", "sticky", problems_of,
+        lambda r: tuple(r.get(k, "-") for k in ("unload_rc", "unregister_rc", "fault_rc",
+                                                "destroy_rc", "register_again_rc")),
+        verdicts)
     table("sticky: releases queued before a kernel fault, the context destroyed, the range "
           "registered again in a new context",
           ("mode", "program", "unload", "unregister", "fault", "cuCtxDestroy",
