@@ -27,6 +27,10 @@
  *                relaxed capture mode, invalidate another thread's global
  *                capture: in the capturing context and in another context
  *                of the same device
+ *   beside       whether a call that returns at once (cuGreenCtxDestroy, a
+ *                cuDevicePrimaryCtxRelease that is not the last,
+ *                cuStreamQuery) waits while another thread's cuMemFreeHost
+ *                waits for a 300 ms kernel of the primary context
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -740,6 +744,68 @@ static int fact_capture(void)
     return 0;
 }
 
+/* ---- a call beside another thread's waiting release ---------------------- */
+
+struct beside {
+    CUcontext ctx;
+    void *host;
+    double release_ms;
+};
+
+static void *beside_release(void *arg)
+{
+    struct beside *b = arg;
+    GC_CHECK(cuCtxSetCurrent(b->ctx));
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemFreeHost(b->host));
+    b->release_ms = gc_now_ms() - t0;
+    return NULL;
+}
+
+static int fact_beside(void)
+{
+    static const char *const cases[] = {"green_destroy", "primary_release_not_last",
+                                        "stream_query"};
+    CUdevice dev;
+    CUcontext p;
+    GC_CHECK(cuInit(0));
+    GC_CHECK(cuDeviceGet(&dev, 0));
+    GC_CHECK(cuDevicePrimaryCtxRetain(&p, dev));
+    GC_CHECK(cuCtxSetCurrent(p));
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (int k = 0; k < 3; k++) {
+        CUgreenCtx g = NULL;
+        CUcontext again;
+        if (k == 0)
+            g = make_green(dev);
+        else if (k == 1)
+            GC_CHECK(cuDevicePrimaryCtxRetain(&again, dev));
+        GC_CHECK(cuCtxSetCurrent(p));
+        struct beside b = {p, NULL, 0};
+        GC_CHECK(cuMemAllocHost(&b.host, (size_t)1 << 20));
+        GC_CHECK(gc_spin(&kernels, s, 300.0, 0, 0));
+        pthread_t t;
+        if (pthread_create(&t, NULL, beside_release, &b) != 0)
+            gc_die("pthread_create failed");
+        gc_sleep_ms(20.0);
+        double t0 = gc_now_ms();
+        CUresult rc = k == 0 ? cuGreenCtxDestroy(g)
+                      : k == 1 ? cuDevicePrimaryCtxRelease(dev)
+                               : cuStreamQuery(s);
+        double call_ms = gc_now_ms() - t0;
+        pthread_join(t, NULL);
+        printf("RESULT beside_release case=%s rc=%s call_ms=%.3f release_ms=%.1f\n", cases[k],
+               gc_rc(rc), call_ms, b.release_ms);
+        fflush(stdout);
+        GC_CHECK(cuCtxSynchronize());
+    }
+    GC_CHECK(cuStreamDestroy(s));
+    GC_CHECK(cuDevicePrimaryCtxRelease(dev));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -749,7 +815,7 @@ int main(int argc, char **argv)
         {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
-        {"capture", fact_capture},
+        {"capture", fact_capture}, {"beside", fact_beside},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
