@@ -1395,6 +1395,59 @@ Test(green, release_waits_for_green_work_destroy_does_not, .timeout = 10)
     cr_assert_geq(now_ns() - t0, 250 * MS, "the destroyed green context's kernel still runs");
 }
 
+struct waiting_free {
+    CUcontext ctx;
+    void *host;
+    atomic_int started;
+    uint64_t ns;
+};
+
+static void *free_host_waits(void *arg)
+{
+    struct waiting_free *f = arg;
+    cr_assert_eq(cuCtxSetCurrent(f->ctx), CUDA_SUCCESS);
+    atomic_store(&f->started, 1);
+    uint64_t t0 = now_ns();
+    cr_assert_eq(cuMemFreeHost(f->host), CUDA_SUCCESS);
+    f->ns = now_ns() - t0;
+    return NULL;
+}
+
+/* Beside another thread's cuMemFreeHost that waits for a kernel of the
+ * primary context, a green context's destruction and a release of the
+ * primary context that is not the last return at once (measured on an
+ * H200: 0.08 and 0.005 ms beside a 300 ms wait, bench/RESULTS.md run 51). */
+Test(green, destroy_and_release_do_not_wait_beside_a_waiting_release, .timeout = 10)
+{
+    CUcontext p = primary_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    for (int k = 0; k < 2; k++) {
+        CUgreenCtx g = NULL;
+        CUcontext again;
+        if (k == 0)
+            g = green_new(8);
+        else
+            CU_OK(cuDevicePrimaryCtxRetain(&again, 0));
+        CU_OK(cuCtxSetCurrent(p));
+        struct waiting_free f = {.ctx = p};
+        CU_OK(cuMemAllocHost(&f.host, 4096));
+        CU_OK(testdrv_launch(s, 300000, 0, 0, TESTDRV_NONE));
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, free_host_waits, &f), 0);
+        while (!atomic_load(&f.started))
+            sched_yield();
+        sleep_ms(20);
+        uint64_t b0 = testdrv_thread_blocked_ns(), t0 = now_ns();
+        CU_OK(k == 0 ? cuGreenCtxDestroy(g) : cuDevicePrimaryCtxRelease(0));
+        uint64_t call = now_ns() - t0;
+        pthread_join(t, NULL);
+        cr_assert_geq(f.ns, 200 * MS, "cuMemFreeHost waited for the kernel");
+        cr_assert_eq(testdrv_thread_blocked_ns(), b0, "%s waited",
+                     k == 0 ? "cuGreenCtxDestroy" : "cuDevicePrimaryCtxRelease");
+        cr_assert_lt(call, 50 * MS);
+    }
+}
+
 /* A green context holds a reference on the primary context; the last
  * one to go tears the primary context down. */
 Test(green, holds_a_reference_on_the_primary_context, .timeout = 10)
