@@ -595,10 +595,18 @@ struct probe {
  * and a fence made meanwhile waits for that context's work recorded once
  * they have returned. Its bound is judged only when no such call
  * overlapped it. */
+/* Calls that wait for the engine's walks of a primary context, a flush's
+ * among them: a primary context's release and a green context's
+ * destruction (it may drop the primary context's last reference), DESIGN
+ * section 3. */
+static bool drains_walks(const char *name, enum rule rule)
+{
+    return rule == R_RELEASE_PRIMARY || strcmp(name, "cuGreenCtxDestroy") == 0;
+}
+
 static bool stalls_fences(const char *name, enum rule rule)
 {
-    return rule == R_ALLOWED || rule == R_RELEASE_PRIMARY ||
-           strcmp(name, "cuGreenCtxDestroy") == 0;
+    return rule == R_ALLOWED || drains_walks(name, rule);
 }
 
 /* Calls that may flush the engine's queues, which waits for the GPU: an
@@ -607,15 +615,6 @@ static bool stalls_fences(const char *name, enum rule rule)
 static bool may_flush(enum rule rule)
 {
     return rule == R_ALLOC || rule == R_REGISTER || rule == R_ALLOWED;
-}
-
-/* Calls that wait for the engine's walks of a primary context, a flush's
- * among them: a primary context's release and a green context's
- * destruction (it may drop the primary context's last reference), DESIGN
- * section 3. */
-static bool drains_walks(const char *name, enum rule rule)
-{
-    return rule == R_RELEASE_PRIMARY || strcmp(name, "cuGreenCtxDestroy") == 0;
 }
 
 /* A flush still under way in another thread when a call that drains the
@@ -800,9 +799,11 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
             if (launched <= p->t0 + FENCE_SLACK_NS)
                 continue;
             uint64_t released = atomic_load(&epoch_flag_ns[e % NEPOCH]);
-            if (released && released < t1 && held_back(p, t1 - released))
+            if (!released || released >= t1)
+                break;
+            if (held_back(p, t1 - released))
                 atomic_fetch_add(&bounded_exempt, 1);
-            else if (released && released < t1)
+            else
                 hx_fail(&w->t, "unregister-delayed",
                         "%s returned %.2f ms after the release of kernels submitted %.2f ms "
                         "after it began: it waited for work submitted after it", p->name,

@@ -766,12 +766,9 @@ static int fact_beside(void)
 {
     static const char *const cases[] = {"green_destroy", "primary_release_not_last",
                                         "stream_query"};
+    CUcontext p = gc_init();
     CUdevice dev;
-    CUcontext p;
-    GC_CHECK(cuInit(0));
-    GC_CHECK(cuDeviceGet(&dev, 0));
-    GC_CHECK(cuDevicePrimaryCtxRetain(&p, dev));
-    GC_CHECK(cuCtxSetCurrent(p));
+    GC_CHECK(cuCtxGetDevice(&dev));
     load_kernels();
     CUstream s;
     GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
