@@ -246,20 +246,22 @@ void hx_fail(struct hx_thread *t, const char *invariant, const char *fmt, ...)
             strcat(failed_list, " ");
         strcat(failed_list, invariant);
     }
+    /* The message is printed again after the histories: a test runner that
+     * shows only a failing log's last lines still shows what failed. */
+    char seen[32] = "", what[768];
     if (t)
-        fprintf(stderr, "%s: FAILED invariant '%s', seen by thread %d: ", hx.name, invariant,
-                t->index);
-    else
-        fprintf(stderr, "%s: FAILED invariant '%s': ", hx.name, invariant);
+        snprintf(seen, sizeof seen, ", seen by thread %d", t->index);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "%s: FAILED invariant '%s'%s: %s\n", hx.name, invariant, seen, what);
     print_replay();
     fprintf(stderr, "%s: the last operations (op: the thread's operation number)%s:\n", hx.name,
             t ? "; other threads, fewer" : "");
     print_all(t);
+    fprintf(stderr, "%s: (again) FAILED invariant '%s'%s: %s\n", hx.name, invariant, seen, what);
+    print_replay();
     fflush(stderr);
     if (!hx.keep_going) {
         fflush(stdout);
