@@ -687,6 +687,101 @@ Test(scenarios, out_of_memory_while_frees_settle, .timeout = 60)
     }
 }
 
+/* Threads that each hold at most one block, on a device (or host) that
+ * fits one block per thread: the driver alone, whose releases are
+ * synchronous, never answers out of memory here. With cudefer, what the
+ * others release while a thread's reclaim runs is held again when it asks,
+ * and what the reclaim gives back goes to the others first: a thread must
+ * go on reclaiming for as long as that lasts (a fixed count of rounds
+ * failed a few allocations in every run). */
+#define SHARE_THREADS 8
+#define SHARE_ROUNDS 400
+#define SHARE_BYTES MIB
+
+struct share {
+    CUcontext ctx[2];
+    bool host;
+    atomic_int failures;
+    atomic_int first_rc, first_round;
+};
+
+struct share_thread {
+    struct share *sh;
+    int index;
+};
+
+static void *hold_one_block(void *arg)
+{
+    struct share_thread *st = arg;
+    struct share *sh = st->sh;
+    CU_OK(cuCtxSetCurrent(sh->ctx[st->index % 2]));
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    unsigned seed = (unsigned)st->index;
+    for (int i = 0; i < SHARE_ROUNDS; i++) {
+        CUdeviceptr d = 0;
+        void *h = NULL;
+        CUresult rc = sh->host ? ((i + st->index) % 3 ? cuMemAllocHost(&h, SHARE_BYTES)
+                                                      : cuMemHostAlloc(&h, SHARE_BYTES, 0))
+                               : cuMemAlloc(&d, SHARE_BYTES);
+        if (rc != CUDA_SUCCESS) {
+            if (atomic_fetch_add(&sh->failures, 1) == 0) {
+                atomic_store(&sh->first_rc, (int)rc);
+                atomic_store(&sh->first_round, i);
+            }
+            continue;
+        }
+        CUdeviceptr p = sh->host ? (CUdeviceptr)(uintptr_t)h : d;
+        CU_OK(testdrv_launch(s, 50 + rand_r(&seed) % 400, p, SHARE_BYTES, TESTDRV_WRITE));
+        if (i % 17 == 0)
+            CU_OK(cuCtxSynchronize());
+        CU_OK(sh->host ? cuMemFreeHost(h) : cuMemFree(d));
+    }
+    CU_OK(cuStreamDestroy(s));
+    return NULL;
+}
+
+static void out_of_memory_never_within_each_threads_share(bool host)
+{
+    struct share sh = {.host = host};
+    sh.ctx[0] = test_context();
+    CU_OK(cuCtxCreate(&sh.ctx[1], NULL, 0, device0()));
+    CU_OK(cuCtxSetCurrent(sh.ctx[0]));
+    CU_OK(cuCtxSynchronize());
+    if (host)
+        testdrv_set_host_capacity(SHARE_THREADS * SHARE_BYTES);
+    else
+        testdrv_set_device_capacity(testdrv_live_bytes(TESTDRV_DEVICE) +
+                                    SHARE_THREADS * SHARE_BYTES);
+    pthread_t t[SHARE_THREADS];
+    struct share_thread st[SHARE_THREADS];
+    for (int i = 0; i < SHARE_THREADS; i++) {
+        st[i] = (struct share_thread){&sh, i};
+        cr_assert_eq(pthread_create(&t[i], NULL, hold_one_block, &st[i]), 0);
+    }
+    for (int i = 0; i < SHARE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    cr_expect_eq(atomic_load(&sh.failures), 0,
+                 "%d of %d allocations of %s memory failed (the first, in round %d, with %d) "
+                 "although each of %d threads held at most one block and the capacity fits one "
+                 "each", atomic_load(&sh.failures), SHARE_THREADS * SHARE_ROUNDS,
+                 host ? "pinned" : "device", atomic_load(&sh.first_round),
+                 atomic_load(&sh.first_rc), SHARE_THREADS);
+    CU_OK(cuCtxDestroy(sh.ctx[1]));
+    CU_OK(cuCtxSetCurrent(sh.ctx[0]));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(scenarios, pinned_out_of_memory_never_within_each_threads_share, .timeout = 60)
+{
+    out_of_memory_never_within_each_threads_share(true);
+}
+
+Test(scenarios, device_out_of_memory_never_within_each_threads_share, .timeout = 60)
+{
+    out_of_memory_never_within_each_threads_share(false);
+}
+
 /* A thread keeps a capture live on a stream of its own in ctx, in mode,
  * for as long as a program's capture may last: until told to end it. */
 struct long_capture {

@@ -28,7 +28,12 @@ static CUresult release(enum cd_kind cls, uintptr_t key, CUresult (*real)(uintpt
     CUresult rc;
     if (!have_real)
         return cd_missing(w);
-    return cd_release(cls, key, &rc) ? rc : real(key);
+    if (cd_release(cls, key, &rc))
+        return rc;
+    rc = real(key);
+    if (rc == CUDA_SUCCESS)
+        cd_release_passed();
+    return rc;
 }
 
 static CUresult free_v1(uintptr_t p)

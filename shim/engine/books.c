@@ -66,6 +66,7 @@ bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
 static pthread_mutex_t transit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t transit_cond;
 static long long transit;
+static unsigned long long transit_moves;
 
 __attribute__((constructor)) static void books_init(void)
 {
@@ -76,15 +77,18 @@ void cd_books_transit(long long delta)
 {
     pthread_mutex_lock(&transit_lock);
     transit += delta;
+    transit_moves++;
     if (transit == 0)
         pthread_cond_broadcast(&transit_cond);
     pthread_mutex_unlock(&transit_lock);
 }
 
-long long cd_books_in_transit(void)
+long long cd_books_in_transit(unsigned long long *moves)
 {
     pthread_mutex_lock(&transit_lock);
     long long n = transit;
+    if (moves)
+        *moves = transit_moves;
     pthread_mutex_unlock(&transit_lock);
     return n;
 }
@@ -111,6 +115,7 @@ void cd_books_reset(void)
     pthread_mutex_init(&transit_lock, NULL);
     cd_cond_init_monotonic(&transit_cond);
     transit = 0;
+    transit_moves = 0;
 }
 
 /* ---- sums ------------------------------------------------------------------ */

@@ -92,13 +92,19 @@ void cd_books_unregistered(struct cd_record *r);
 long long cd_books_registered_pending(void);
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
 
-/* Entries in transit: taken off the books and not yet released nor handed
- * to the waiter (a flush's, an eviction's; a context's teardown counts
- * itself until its destruction has returned). The taker counts them before
- * it takes them, so that an out-of-memory answer in another thread sees
- * either the entries or the count. */
+/* Entries in transit: taken off the books and not yet released, handed to
+ * the waiter nor put back (a flush's, an eviction's, a reclaim's, a
+ * capture's end fencing its backlog; a context's teardown counts itself
+ * until its destruction has returned). The taker counts them before it
+ * takes them, and stops counting only once they are back with the driver
+ * or on the books. */
 void cd_books_transit(long long delta);
-long long cd_books_in_transit(void);
+/* What is in transit now, and in *moves (may be NULL) how many times that
+ * changed so far. A look at every context's books that falls between two
+ * reads finding nothing in transit and the same count saw every entry the
+ * engine held: none was in transit meanwhile, on its way out of the books
+ * or back. */
+long long cd_books_in_transit(unsigned long long *moves);
 /* WAITS (for other threads, not for the GPU) until nothing is in transit,
  * at most seconds; false if something still is. */
 bool cd_books_transit_wait(int seconds);

@@ -69,6 +69,10 @@ static inline bool cd_engine_on(void)
  * before the call, then defers the driver's unregister. Past the limits
  * (CUDEFER_MAX_DEFERRED_*, soft) a release does not wait either. */
 bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc);
+/* The driver's own release, made because cd_release returned false, gave
+ * memory back: an allocation that ran out of memory meanwhile asks again
+ * (cd_alloc_failed). Does not wait. */
+void cd_release_passed(void);
 
 /* The answer to cuMemHostUnregister(ptr) given the driver's answer rc: an
  * address the driver knows only because the engine holds the block the
@@ -122,7 +126,11 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
  * an out-of-memory answer it first takes back what needs no waiting (device
  * blocks whose fence has passed, frees in flight that have completed); the
  * second time it MAY WAIT for everything the engine holds, whoever holds
- * it, and says so at log level info. */
+ * it, and says so at log level info. It answers false (the driver's out of
+ * memory stands) once a round finds the engine holding nothing, or after
+ * eight rounds once a second has passed since the allocation began: other
+ * threads may take what a round gives back, and release more, before this
+ * one asks again. */
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc);
 
 /* The allocation's end: on success the object is tracked, and the time it

@@ -295,6 +295,9 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
     struct cd_link list, freed;
     cd_list_init(&list);
     cd_list_init(&freed);
+    /* In transit until the memory is back with the driver or the entries
+     * on the books (holds_anything). */
+    cd_books_transit(1);
     if (cd_books_take_passed(c, fence_passed, &list)) {
         while (!cd_list_empty(&list)) {
             struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
@@ -317,14 +320,10 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
             *any = true;
         }
     }
+    cd_books_transit(-1);
     cd_scope_leave(&sc);
     if (cd_waiter_settle(c, false))
         *any = true;
-}
-
-static bool holds_anything(void)
-{
-    return cd_books_in_transit() > 0;
 }
 
 static void note_held(struct cd_ctx *c, void *arg)
@@ -332,6 +331,25 @@ static void note_held(struct cd_ctx *c, void *arg)
     bool *held = arg;
     if (!cd_books_empty(c) || cd_waiter_pending(c) || cd_books_claims(c))
         *held = true;
+}
+
+/* Whether the engine holds anything the program released: on the books of
+ * a context, in a free in flight, or in transit (books.h) at any moment of
+ * the look. An entry leaves the books only once it is counted in transit,
+ * and goes back before it stops being counted: a look that found nothing
+ * in transit before and after, with no change between, missed none.
+ * Without that order, a flush that took the entries after the first read
+ * of transit and put some back after the look at its context, or held
+ * them past it, left an allocation thinking that nothing was held while
+ * the driver lacked what the engine held. Does not wait. */
+static bool holds_anything(void)
+{
+    unsigned long long before, after;
+    if (cd_books_in_transit(&before) > 0)
+        return true;
+    bool held = false;
+    cd_ctx_each(note_held, &held);
+    return held || cd_books_in_transit(&after) > 0 || after != before;
 }
 
 /* Waits for what reuses claim (each for at most an allocation's cost). */
@@ -354,9 +372,7 @@ static void settle_each(struct cd_ctx *c, void *arg)
  * contexts hold back (*held_back). WAITS for the GPU. */
 static bool reclaim_waiting(const char *call, bool *held_back)
 {
-    bool held = holds_anything();
-    cd_ctx_each(note_held, &held);
-    if (!held)
+    if (!holds_anything())
         return false;
     cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
            "cudefer holds, then retrying", call);
@@ -373,9 +389,18 @@ static bool reclaim_waiting(const char *call, bool *held_back)
     return true;
 }
 
-/* Rounds of waiting reclaims an allocation makes at most: other threads
- * may release, and take, memory meanwhile. */
+/* Rounds of waiting reclaims an allocation makes at least before it may
+ * give up while the engine still holds memory: other threads may release,
+ * and take, memory meanwhile. */
 #define WAITING_ROUNDS 8
+/* Past WAITING_ROUNDS, rounds go on while the engine holds memory, until
+ * this long after the allocation began. Many threads that release and
+ * allocate at once take what a round gives back before its thread asks
+ * again, and release more into the engine: a fixed count of rounds failed
+ * allocations that the driver alone would have served (tests/race.c,
+ * invariant oom-while-held). A program that really lacks the memory gets
+ * its answer that much later, and only while other threads release. */
+#define PERSIST_NS 1000000000ull
 /* Rounds in which ending contexts held released memory back do not count,
  * for this long: a context's end takes milliseconds, and between rounds
  * the allocation holds no context that an end would wait for. */
@@ -408,7 +433,9 @@ static bool recheck(struct cd_alloc *a)
 
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 {
-    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on() || a->level > WAITING_ROUNDS)
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on())
+        return false;
+    if (a->level > WAITING_ROUNDS && cd_now_ns() - a->start_ns >= PERSIST_NS)
         return false;
     if (recheck(a))
         return true;

@@ -407,6 +407,12 @@ bool cd_release(enum cd_kind cls, uintptr_t key, CUresult *rc)
     return retire(cls, key, rc);
 }
 
+void cd_release_passed(void)
+{
+    if (cd_engine_on())
+        cd_registry_note_returned();
+}
+
 /* ---- the backlog of a capture ------------------------------------------------ */
 
 static void fence_backlog(struct cd_ctx *c, void *arg)
@@ -414,8 +420,12 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
     (void)arg;
     struct cd_link list;
     cd_list_init(&list);
-    if (!cd_books_take_unfenced(c, &list))
+    /* In transit until back on the books (holds_anything in reclaim.c). */
+    cd_books_transit(1);
+    if (!cd_books_take_unfenced(c, &list)) {
+        cd_books_transit(-1);
         return;
+    }
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     while (!cd_list_empty(&list)) {
@@ -429,6 +439,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         cd_books_defer(c, r);
     }
     cd_scope_leave(&sc);
+    cd_books_transit(-1);
     cd_retire_evict(c);
 }
 
