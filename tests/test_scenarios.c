@@ -1240,6 +1240,106 @@ Test(scenarios, green_kernel_outlives_its_context_before_a_deferred_fence, .time
                  (unsigned long long)testdrv_dead_context_calls());
 }
 
+/* ==== 10.4b An unregister's fence over a context that kept walks out ======= */
+
+/* A thread's cudefer_flush walks the primary context for as long as the
+ * driver's cuMemFreeHost waits for a kernel; another thread's release of
+ * that context (not its last) waits for the walk, and keeps the engine's
+ * walks out meanwhile. A third thread's unregister in another context
+ * then fences the primary context with a record to be made once it lets
+ * walks in again; the waiter makes it, and the unregister waits for it.
+ * With the waiter asleep and nothing to wake it, the unregister waited
+ * forever (seen once in the loaded race harness). */
+struct marked {
+    CUcontext primary, other;
+    CUstream long_stream;
+    atomic_int flushing, releasing, unregistered;
+    uint64_t unregister_ns;
+    CUresult flush_rc, release_rc, unregister_rc;
+};
+
+static void *flush_through_a_long_free(void *arg)
+{
+    struct marked *m = arg;
+    CU_OK(cuCtxSetCurrent(m->primary));
+    void *h;
+    CU_OK(cuMemAllocHost(&h, 4096));
+    CU_OK(cuMemFreeHost(h)); /* its fence passes at once: nothing wakes the waiter */
+    CU_OK(testdrv_launch(m->long_stream, 400000, 0, 0, TESTDRV_NONE));
+    atomic_store(&m->flushing, 1);
+    m->flush_rc = cudefer_flush() == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    return NULL;
+}
+
+static void *release_the_primary(void *arg)
+{
+    struct marked *m = arg;
+    atomic_store(&m->releasing, 1);
+    m->release_rc = cuDevicePrimaryCtxRelease(device0());
+    return NULL;
+}
+
+static void *unregister_elsewhere(void *arg)
+{
+    struct marked *m = arg;
+    static char pages[2 * 4096] __attribute__((aligned(4096)));
+    CU_OK(cuCtxSetCurrent(m->other));
+    CU_OK(cuMemHostRegister(pages, sizeof pages, 0));
+    uint64_t t0 = now_ns();
+    m->unregister_rc = cuMemHostUnregister(pages);
+    m->unregister_ns = now_ns() - t0;
+    atomic_store(&m->unregistered, 1);
+    return NULL;
+}
+
+Test(scenarios, unregister_beside_a_release_waiting_for_a_flush_returns, .timeout = 30)
+{
+    struct marked m = {0};
+    m.primary = test_context();
+    CUcontext again;
+    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
+    m.long_stream = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxCreate(&m.other, NULL, 0, device0()));
+    CU_OK(cuCtxSetCurrent(m.primary));
+    sleep_ms(50); /* the waiter has nothing to do: asleep */
+    pthread_t f, r, u;
+    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, &m), 0);
+    while (!atomic_load(&m.flushing))
+        sleep_ms(1);
+    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost */
+    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, &m), 0);
+    while (!atomic_load(&m.releasing))
+        sleep_ms(1);
+    sleep_ms(50); /* the release waits for the flush's walk */
+    cr_assert_eq(pthread_create(&u, NULL, unregister_elsewhere, &m), 0);
+    /* The kernel ends 400 ms after its launch; the flush, the release and
+     * then the unregister follow within milliseconds. */
+    for (int i = 0; i < 5000 && !atomic_load(&m.unregistered); i++)
+        sleep_ms(1);
+    bool returned = atomic_load(&m.unregistered);
+    cr_expect(returned, "cuMemHostUnregister has not returned 5 s after the primary "
+              "context's release: its fence waits for a record nobody makes");
+    if (!returned) {
+        /* Anything that wakes the waiter ends the wait, then the test. */
+        CU_OK(cuCtxSetCurrent(m.primary));
+        CUdeviceptr d;
+        CU_OK(cuMemAlloc(&d, 4096));
+        CU_OK(testdrv_launch(m.long_stream, 100000, d, 4096, TESTDRV_WRITE));
+        CU_OK(cuMemFree(d));
+    }
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    pthread_join(u, NULL);
+    cr_expect_eq(m.flush_rc, CUDA_SUCCESS);
+    cr_expect_eq(m.release_rc, CUDA_SUCCESS);
+    cr_expect_eq(m.unregister_rc, CUDA_SUCCESS);
+    cr_log_info("the unregister took %llu ms", (unsigned long long)(m.unregister_ns / MS));
+    CU_OK(cuCtxDestroy(m.other));
+    CU_OK(cuCtxSetCurrent(m.primary));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+}
+
 /* ==== 10.5 A primary release cudefer could not count ======================= */
 
 static int primary_active(CUdevice dev)

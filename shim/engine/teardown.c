@@ -165,6 +165,10 @@ static void settle_primary(void)
             active = 1;
         if (active) {
             cd_ctx_reopen(c);
+            /* Records other contexts' fences marked for it meanwhile can
+             * be made now (by the waiter). */
+            if (cd_fence_marked())
+                cd_waiter_poke();
         } else {
             /* The program's calls that entered meanwhile end first. */
             cd_ctx_close(c);
