@@ -586,15 +586,6 @@ struct probe {
                                        this thread released: it may have waited */
 };
 
-/* Calls allowed to wait (a flush, a context's end, an allocation short of
- * memory...) hold the context in the driver while they wait, and stall
- * every other thread's calls in it: an unregister whose fence is stalled
- * so is fenced behind work submitted meanwhile. So do a primary context's
- * release and a green context's destruction, for the primary context:
- * while they run, cudefer cannot record its work (the release may end it),
- * and a fence made meanwhile waits for that context's work recorded once
- * they have returned. Its bound is judged only when no such call
- * overlapped it. */
 /* Calls that wait for the engine's walks of a primary context, a flush's
  * among them: a primary context's release and a green context's
  * destruction (it may drop the primary context's last reference), DESIGN
@@ -604,6 +595,15 @@ static bool drains_walks(const char *name, enum rule rule)
     return rule == R_RELEASE_PRIMARY || strcmp(name, "cuGreenCtxDestroy") == 0;
 }
 
+/* Calls allowed to wait (a flush, a context's end, an allocation short of
+ * memory...) hold the context in the driver while they wait, and stall
+ * every other thread's calls in it: an unregister whose fence is stalled
+ * so is fenced behind work submitted meanwhile. So do a primary context's
+ * release and a green context's destruction, for the primary context:
+ * while they run, cudefer cannot record its work (the release may end it),
+ * and a fence made meanwhile waits for that context's work recorded once
+ * they have returned. Its bound is judged only when no such call
+ * overlapped it. */
 static bool stalls_fences(const char *name, enum rule rule)
 {
     return rule == R_ALLOWED || drains_walks(name, rule);
