@@ -221,8 +221,8 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
             note_saving(c, r);
         /* A context that kept walks out got a mark to be recorded later:
          * the waiter does it. */
-        if (r->far && cd_fence_marked())
-            cd_waiter_poke();
+        if (r->far)
+            cd_waiter_see_marks();
         cd_gate_exit();
     }
     cd_scope_leave(&sc);
@@ -287,12 +287,11 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
         cd_gate_exit();
     }
     cd_scope_leave(&sc);
-    /* A record marked for a context that kept walks out is made by the
-     * waiter, which may be asleep: the wait below would last until
-     * something else woke it (tests/test_scenarios.c,
+    /* The wait below is for the records it may have marked
+     * (tests/test_scenarios.c,
      * unregister_beside_a_release_waiting_for_a_flush_returns). */
-    if (frc == CUDA_SUCCESS && r->far && cd_fence_marked())
-        cd_waiter_poke();
+    if (frc == CUDA_SUCCESS && r->far)
+        cd_waiter_see_marks();
     if (frc != CUDA_SUCCESS) {
         /* A live capture, or an error: the driver's own call. */
         cd_retire_drop_event(c, r);
@@ -446,8 +445,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
     }
     cd_scope_leave(&sc);
     cd_books_transit(-1);
-    if (cd_fence_marked())
-        cd_waiter_poke();
+    cd_waiter_see_marks();
     cd_retire_evict(c);
 }
 

@@ -166,9 +166,8 @@ static void settle_primary(void)
         if (active) {
             cd_ctx_reopen(c);
             /* Records other contexts' fences marked for it meanwhile can
-             * be made now (by the waiter). */
-            if (cd_fence_marked())
-                cd_waiter_poke();
+             * be made now. */
+            cd_waiter_see_marks();
         } else {
             /* The program's calls that entered meanwhile end first. */
             cd_ctx_close(c);

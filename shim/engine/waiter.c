@@ -83,6 +83,12 @@ void cd_waiter_poke(void)
     wake();
 }
 
+void cd_waiter_see_marks(void)
+{
+    if (cd_fence_marked())
+        cd_waiter_poke();
+}
+
 void cd_waiter_add(struct cd_ctx *c, struct cd_link *list, long long n)
 {
     if (!n)

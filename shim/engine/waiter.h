@@ -29,6 +29,13 @@ void cd_waiter_on_visit(bool (*fn)(struct cd_ctx *c));
 /* Wakes the waiter if it sleeps for want of work (a context left work for
  * the visit above). Does not wait. */
 void cd_waiter_poke(void);
+/* Wakes the waiter if any context has a record marked for another
+ * context's fence (fence.h): only the waiter makes them, and it sleeps
+ * through a mark made after it looked. A caller whose fence may have
+ * marked one, or that let walks into a context again, calls it; otherwise
+ * a wait for that record lasted until something else woke the waiter.
+ * Does not wait. */
+void cd_waiter_see_marks(void);
 
 /* Device frees were issued for the n records of list (by their age links;
  * their fence events already given back): the waiter settles them. One
