@@ -263,20 +263,32 @@ const char *cd_option_str(enum cd_option opt)
     return strings[opt];
 }
 
+/* Copies s into buf, cut to size - 1 bytes: an option's text is shown
+ * cut, never overrun (snprintf("%s") there trips -Wformat-truncation at
+ * -O3, which -Werror makes a failed release build). */
+static void put_text(char *buf, size_t size, const char *s)
+{
+    if (!size)
+        return;
+    size_t n = strnlen(s, size - 1);
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+}
+
 void cd_option_text(enum cd_option opt, char *buf, size_t size)
 {
     ensure_read();
     const struct cd_option_desc *d = &table[opt];
     switch (d->type) {
     case CD_TYPE_STRING:
-        snprintf(buf, size, "%s", strings[opt]);
+        put_text(buf, size, strings[opt]);
         return;
     case CD_TYPE_CHOICE:
-        snprintf(buf, size, "%s", d->choices[values[opt]]);
+        put_text(buf, size, d->choices[values[opt]]);
         return;
     case CD_TYPE_LEVEL: {
         static const char *const names[] = {"off", "error", "info", "debug"};
-        snprintf(buf, size, "%s", names[values[opt]]);
+        put_text(buf, size, names[values[opt]]);
         return;
     }
     default:

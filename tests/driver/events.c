@@ -378,8 +378,8 @@ static CUresult ctx_wait(struct td_ctx *c, struct td_event *ev)
 TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
 {
     TD_COUNT(cuCtxRecordEvent);
-    struct td_ctx *c;
-    struct td_event *ev;
+    struct td_ctx *c = NULL;
+    struct td_event *ev = NULL; /* set when rc is CUDA_SUCCESS (-O3 cannot tell) */
     CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -389,8 +389,8 @@ TD_EXPORT CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
 TD_EXPORT CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
 {
     TD_COUNT(cuCtxWaitEvent);
-    struct td_ctx *c;
-    struct td_event *ev;
+    struct td_ctx *c = NULL;
+    struct td_event *ev = NULL; /* set when rc is CUDA_SUCCESS (-O3 cannot tell) */
     CUresult rc = ctx_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -417,8 +417,8 @@ static CUresult green_event_enter(CUgreenCtx hg, CUevent hev, struct td_ctx **c,
 TD_EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     TD_COUNT(cuGreenCtxRecordEvent);
-    struct td_ctx *c;
-    struct td_event *ev;
+    struct td_ctx *c = NULL;
+    struct td_event *ev = NULL; /* set when rc is CUDA_SUCCESS (-O3 cannot tell) */
     CUresult rc = green_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -428,8 +428,8 @@ TD_EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 TD_EXPORT CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     TD_COUNT(cuGreenCtxWaitEvent);
-    struct td_ctx *c;
-    struct td_event *ev;
+    struct td_ctx *c = NULL;
+    struct td_event *ev = NULL; /* set when rc is CUDA_SUCCESS (-O3 cannot tell) */
     CUresult rc = green_event_enter(hCtx, hEvent, &c, &ev);
     if (rc != CUDA_SUCCESS)
         return rc;
