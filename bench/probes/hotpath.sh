@@ -1,0 +1,54 @@
+#!/bin/bash
+# hotpath.sh - a probe, run by hand on a GPU machine: where a 4 KiB loop
+# iteration's time goes under cudefer, and how far the 4 KiB loop rows
+# move between runs.
+#
+#   OUT=/some/folder bench/probes/hotpath.sh [SHIM] [REPEATS]
+#
+# 1. cudefer-phases without and with the shim (ns per call).
+# 2. cudefer-phases --sample ITERS --sample-offsets with the shim: SIGPROF
+#    samples of the dev4k loop; the samples inside libcudefer.so are
+#    resolved to functions with addr2line (static ones included) and
+#    counted, in $OUT/shim-functions.txt.
+# 3. REPEATS (default 3) runs of cudefer-loops over the 4 KiB rows
+#    (dev4k, host4k, man4k): each run has every mode (driver, cudefer,
+#    pool, CUDEFER_KEEP, pool at threshold 0) as children of one parent,
+#    so that the ratios of one run come from neighbouring processes.
+#
+# SHIM: libcudefer.so (default: build-bench/shim/libcudefer.so, built with
+# meson when missing). SAMPLE_ITERS (default 1000000).
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+O=${OUT:-/tmp/hotpath}
+mkdir -p "$O"
+S=${1:-$PWD/build-bench/shim/libcudefer.so}
+REPEATS=${2:-3}
+B=build-bench
+if [ ! -x "$B/bench/cudefer-phases" ] || [ ! -f "$S" ]; then
+    { [ -f "$B/build.ninja" ] || meson setup "$B" -Dtests=false; } >"$O/build.log" 2>&1 &&
+        ninja -C "$B" >>"$O/build.log" 2>&1 || exit 4
+fi
+P=$B/bench/cudefer-phases
+{
+    echo "== phases, without cudefer"
+    timeout 120 "$P"
+    echo "== phases, with cudefer"
+    LD_PRELOAD=$S timeout 120 "$P"
+} >"$O/phases.log" 2>&1
+
+LD_PRELOAD=$S timeout 200 "$P" --sample "${SAMPLE_ITERS:-1000000}" --sample-offsets \
+    >"$O/sample.log" 2>&1
+real=$(readlink -f "$S")
+grep "^sample-offset " "$O/sample.log" | awk -v s="$real" '{ if ($2 == s) print $3 }' \
+    >"$O/shim-offsets.txt"
+if [ -s "$O/shim-offsets.txt" ]; then
+    addr2line -f -C -e "$real" <"$O/shim-offsets.txt" | awk 'NR % 2 == 1' | sort | uniq -c |
+        sort -rn >"$O/shim-functions.txt"
+fi
+grep -v "^sample-offset " "$O/sample.log" >"$O/sample-summary.log"
+
+for i in $(seq 1 "$REPEATS"); do
+    timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops --rows dev4k,host4k,man4k \
+        >"$O/loops.$i.md" 2>"$O/loops.$i.err"
+    echo "loops run $i: rc=$?" >>"$O/loops.rc"
+done
