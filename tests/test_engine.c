@@ -1324,6 +1324,31 @@ Test(stats, waiting_avoided_under_a_kernel, .timeout = 20)
     cr_expect(longest > 250 && longest < 400, "longest %.1f ms", longest);
 }
 
+/* Where no statistics are shown (neither CUDEFER_STATS nor CUDEFER_REPORT),
+ * a release under a kernel asks the driver for its fence and nothing more:
+ * no event query of whether it would have waited, no watch with a record
+ * of its own. The same releases with a report gathered both (above). */
+Test(stats, nothing_gathered_where_nothing_is_shown, .timeout = 20)
+{
+    if (getenv("CUDEFER_STATS") || getenv("CUDEFER_REPORT"))
+        cr_skip_test("CUDEFER_STATS or CUDEFER_REPORT is set in the environment");
+    test_context();
+    CUstream s;
+    CUdeviceptr buf, d[20];
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuMemAlloc(&buf, 4096));
+    for (int i = 0; i < 20; i++)
+        CU_OK(cuMemAlloc(&d[i], 4096));
+    CU_OK(testdrv_launch(s, 300000, buf, 4096, TESTDRV_WRITE));
+    uint64_t queries = testdrv_calls("cuEventQuery"), records = testdrv_calls("cuCtxRecordEvent");
+    for (int i = 0; i < 20; i++)
+        CU_OK(cuMemFree(d[i]));
+    cr_expect_eq(testdrv_calls("cuEventQuery") - queries, 0);
+    cr_expect_eq(testdrv_calls("cuCtxRecordEvent") - records, 20);
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuMemFree(buf));
+}
+
 /* Over CUDEFER_DEVICE_CACHE the oldest fenced device blocks go to the
  * driver's stream-ordered free at once, without waiting (held to it alone:
  * the program's peak would keep all four). */

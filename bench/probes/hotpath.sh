@@ -5,7 +5,8 @@
 #
 #   OUT=/some/folder bench/probes/hotpath.sh [SHIM] [REPEATS]
 #
-# 1. cudefer-phases without and with the shim (ns per call).
+# 1. cudefer-phases without the shim, with it, with it and CUDEFER_STATS=1,
+#    and with it again (ns per call).
 # 2. cudefer-phases --sample ITERS --sample-offsets with the shim: SIGPROF
 #    samples of the dev4k loop; the samples inside libcudefer.so are
 #    resolved to functions with addr2line (static ones included) and
@@ -33,6 +34,10 @@ P=$B/bench/cudefer-phases
     echo "== phases, without cudefer"
     timeout 120 "$P"
     echo "== phases, with cudefer"
+    LD_PRELOAD=$S timeout 120 "$P"
+    echo "== phases, with cudefer and CUDEFER_STATS=1 (what it saved gathered)"
+    LD_PRELOAD=$S CUDEFER_STATS=1 timeout 120 "$P"
+    echo "== phases, with cudefer, again"
     LD_PRELOAD=$S timeout 120 "$P"
 } >"$O/phases.log" 2>&1
 

@@ -34,6 +34,11 @@ __attribute__((constructor)) static void stats_init(void)
     clock_gettime(CLOCK_REALTIME, &started);
 }
 
+bool cd_stats_gathered(void)
+{
+    return cd_option_bool(CD_OPT_STATS) || cd_option_str(CD_OPT_REPORT)[0] != '\0';
+}
+
 void cd_stats_note_use(void)
 {
     if (!atomic_load_explicit(&used, memory_order_relaxed))

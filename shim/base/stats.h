@@ -29,7 +29,9 @@ struct cd_stats {
      * ran (the driver's call would have waited), and for how long that work
      * ran on after the release returned, at least: releases made while an
      * earlier one's work still runs are timed by that earlier work's end
-     * (waiter.c), as the waiter saw it, to about a millisecond. */
+     * (waiter.c), as the waiter saw it, to about a millisecond. Gathered
+     * only where they are shown (cd_stats_gathered); the unregisters' are
+     * counted always (their wait needs the query anyway). */
     _Atomic uint64_t would_wait[CD_KIND_COUNT];
     _Atomic uint64_t avoided_ns[CD_KIND_COUNT];
     _Atomic uint64_t longest_avoided_ns;
@@ -54,6 +56,10 @@ struct cd_stats {
 extern struct cd_stats cd_stats;
 
 const char *cd_flush_reason_name(enum cd_flush_reason why);
+/* Whether the figures of what cudefer saved are gathered: only where they
+ * will be shown (CUDEFER_STATS=1 or CUDEFER_REPORT set). They cost event
+ * queries on a release's path, and a watch the waiter follows. */
+bool cd_stats_gathered(void);
 void cd_stats_add_deferred_bytes(int64_t delta);
 void cd_stats_add_cached_device_bytes(int64_t delta);
 /* Device memory the program holds (tracked allocations not released). */

@@ -78,16 +78,25 @@ void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
 }
 
 /* A release made while the work before it still runs would have waited in
- * the driver: counted, and watched until that work ends (waiter.c). */
+ * the driver: a managed block's releasing thread is noted (a later
+ * allocation of its size by that thread may wait instead, cache.c); and
+ * where the statistics are shown, the release is counted and watched until
+ * that work ends (waiter.c). Otherwise a release of another kind asks
+ * nothing: the query, and the watch's own, would cost every release made
+ * while the GPU runs behind for a figure nobody reads. */
 static void note_saving(struct cd_ctx *c, struct cd_record *r)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
     r->debtor = 0;
+    bool gathered = cd_stats_gathered();
+    if (r->kind != CD_MANAGED && !gathered)
+        return;
     if (!r->done || ops->event_query(r->done) != CUDA_ERROR_NOT_READY)
         return;
-    /* The thread that would have waited: a later allocation of the same
-     * managed block by it may wait instead (cache.c). */
-    r->debtor = cd_thread_token();
+    if (r->kind == CD_MANAGED)
+        r->debtor = cd_thread_token();
+    if (!gathered)
+        return;
     atomic_fetch_add(&cd_stats.would_wait[r->kind], 1);
     cd_waiter_watch(c, (enum cd_kind)r->kind);
 }
