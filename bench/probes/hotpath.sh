@@ -7,17 +7,19 @@
 #
 # 1. cudefer-phases without the shim, with it, with it and CUDEFER_STATS=1,
 #    and with it again (ns per call).
-# 2. cudefer-phases --sample ITERS --sample-offsets with the shim: SIGPROF
-#    samples of the dev4k loop; the samples inside libcudefer.so are
-#    resolved to functions with addr2line (static ones included) and
-#    counted, in $OUT/shim-functions.txt.
+# 2. cudefer-phases --sample ITERS --sample-offsets with the shim, at the
+#    default and with CUDEFER_KEEP=1T: SIGPROF samples of the dev4k loop;
+#    the samples inside libcudefer.so are resolved to functions with
+#    addr2line (static ones included) and counted, in
+#    $OUT/shim-functions.TAG.txt.
 # 3. REPEATS (default 3) runs of cudefer-loops over the 4 KiB rows
 #    (dev4k, host4k, man4k): each run has every mode (driver, cudefer,
 #    pool, CUDEFER_KEEP, pool at threshold 0) as children of one parent,
 #    so that the ratios of one run come from neighbouring processes.
 #
 # SHIM: libcudefer.so (default: build-bench/shim/libcudefer.so, built with
-# meson when missing). SAMPLE_ITERS (default 1000000).
+# meson when missing). SAMPLE_ITERS (default 1000000). TAR=FILE: everything
+# written also goes into one .tar.gz.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 O=${OUT:-/tmp/hotpath}
@@ -39,21 +41,35 @@ P=$B/bench/cudefer-phases
     LD_PRELOAD=$S CUDEFER_STATS=1 timeout 120 "$P"
     echo "== phases, with cudefer, again"
     LD_PRELOAD=$S timeout 120 "$P"
+    echo "== phases, with cudefer and CUDEFER_KEEP=1T"
+    LD_PRELOAD=$S CUDEFER_KEEP=1T timeout 120 "$P"
 } >"$O/phases.log" 2>&1
 
-LD_PRELOAD=$S timeout 200 "$P" --sample "${SAMPLE_ITERS:-1000000}" --sample-offsets \
-    >"$O/sample.log" 2>&1
 real=$(readlink -f "$S")
-grep "^sample-offset " "$O/sample.log" | awk -v s="$real" '{ if ($2 == s) print $3 }' \
-    >"$O/shim-offsets.txt"
-if [ -s "$O/shim-offsets.txt" ]; then
-    addr2line -f -C -e "$real" <"$O/shim-offsets.txt" | awk 'NR % 2 == 1' | sort | uniq -c |
-        sort -rn >"$O/shim-functions.txt"
-fi
-grep -v "^sample-offset " "$O/sample.log" >"$O/sample-summary.log"
+# sample TAG [VAR=VALUE...]: the dev4k loop sampled, with the shim.
+sample() {
+    local tag=$1
+    shift
+    env LD_PRELOAD="$S" "$@" timeout 200 "$P" --sample "${SAMPLE_ITERS:-1000000}" \
+        --sample-offsets >"$O/sample.$tag.log" 2>&1
+    grep "^sample-offset " "$O/sample.$tag.log" | awk -v s="$real" '{ if ($2 == s) print $3 }' \
+        >"$O/shim-offsets.$tag.txt"
+    if [ -s "$O/shim-offsets.$tag.txt" ]; then
+        addr2line -f -C -e "$real" <"$O/shim-offsets.$tag.txt" | awk 'NR % 2 == 1' | sort |
+            uniq -c | sort -rn >"$O/shim-functions.$tag.txt"
+    fi
+    grep -v "^sample-offset " "$O/sample.$tag.log" >"$O/sample-summary.$tag.log"
+    rm -f "$O/sample.$tag.log" "$O/shim-offsets.$tag.txt"
+}
+sample default
+sample keep CUDEFER_KEEP=1T
 
 for i in $(seq 1 "$REPEATS"); do
     timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops --rows dev4k,host4k,man4k \
         >"$O/loops.$i.md" 2>"$O/loops.$i.err"
     echo "loops run $i: rc=$?" >>"$O/loops.rc"
 done
+# One file for the device tool's few (with TAR set).
+if [ -n "${TAR:-}" ]; then
+    tar -C "$O" -czf "$TAR" . && echo "tarred into $TAR"
+fi
