@@ -38,7 +38,10 @@
  * the sampled program counters are printed per library and, where the
  * dynamic symbol table names one, per function (static functions of a
  * library show as "-"; resolve them with addr2line and the offsets of
- * --sample-offsets).
+ * --sample-offsets). Each sample also keeps its stack (backtrace): for
+ * the samples in the driver and in libc (its locks), the first frame
+ * outside that library is counted as the caller ("sample-caller" lines:
+ * the sampled library, the caller's library and its symbol or offset).
  *
  * --smoke makes every count a hundred times smaller (over the test driver,
  * where the figures mean nothing: the run checks that every call succeeds).
@@ -50,6 +53,7 @@
 #include "kernels.h"
 
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -452,8 +456,11 @@ static void policies(const struct gc_kernels *k, CUstream s)
 
 /* ---- the sampler ------------------------------------------------------------ */
 
-#define MAX_SAMPLES 400000
+#define MAX_SAMPLES 200000
+#define STACK_DEPTH 12
 static void *samples[MAX_SAMPLES];
+static void *stacks[MAX_SAMPLES][STACK_DEPTH];
+static unsigned char depths[MAX_SAMPLES];
 static volatile sig_atomic_t nsamples;
 
 static void on_prof(int sig, siginfo_t *si, void *uc)
@@ -468,12 +475,60 @@ static void on_prof(int sig, siginfo_t *si, void *uc)
     void *pc = NULL;
     (void)uc;
 #endif
-    if (nsamples < MAX_SAMPLES)
+    if (nsamples < MAX_SAMPLES) {
+        /* backtrace() was called once before the timer started: its
+         * unwinder is loaded, and it allocates nothing here. */
+        depths[nsamples] = (unsigned char)backtrace(stacks[nsamples], STACK_DEPTH);
         samples[nsamples++] = pc;
+    }
+}
+
+/* The library holding p ("?" when none), and *base its load address. */
+static const char *library_of(void *p, Dl_info *di)
+{
+    if (!dladdr(p, di) || !di->dli_fname)
+        return "?";
+    const char *base = strrchr(di->dli_fname, '/');
+    return base ? base + 1 : di->dli_fname;
+}
+
+/* Sample i's caller: the first frame of its stack, past the interrupted
+ * one, outside the interrupted library, libc and the driver, and whether
+ * the stack went through the driver on the way. name: "[libcuda <-] LIB
+ * SYMBOL", or "LIB +0xOFFSET" (of the call instruction's last byte) where
+ * no dynamic symbol names it. */
+static bool caller_of(int i, const char *lib, char *name, size_t size)
+{
+    int from = 0;
+    for (int j = 0; j < depths[i]; j++)
+        if (stacks[i][j] == samples[i]) {
+            from = j + 1;
+            break;
+        }
+    bool via_driver = false;
+    for (int j = from ? from : 2; j < depths[i]; j++) {
+        Dl_info di;
+        void *ret = (char *)stacks[i][j] - 1;
+        const char *l = library_of(ret, &di);
+        if (strcmp(l, lib) == 0 || strncmp(l, "libc.so", 7) == 0)
+            continue;
+        if (strncmp(l, "libcuda.so", 10) == 0) {
+            via_driver = true;
+            continue;
+        }
+        const char *via = via_driver ? "libcuda <- " : "";
+        if (di.dli_sname)
+            snprintf(name, size, "%s%s %s", via, l, di.dli_sname);
+        else
+            snprintf(name, size, "%s%s +0x%lx", via, l,
+                     (unsigned long)((char *)ret - (char *)di.dli_fbase));
+        return true;
+    }
+    return false;
 }
 
 struct count {
-    char name[256];
+    char name[512];
     unsigned long n;
 };
 
@@ -511,14 +566,16 @@ static void sample(struct run *r, int iters, bool offsets)
     sa.sa_sigaction = on_prof;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigaction(SIGPROF, &sa, NULL);
+    void *warm[2];
+    backtrace(warm, 2);
     struct itimerval on = {{0, 1000}, {0, 1000}}, off;
     memset(&off, 0, sizeof off);
     setitimer(ITIMER_PROF, &on, NULL);
     run_loop(&loops[0], r, iters);
     setitimer(ITIMER_PROF, &off, NULL);
 
-    static struct count libs[64], funcs[512];
-    size_t nlibs = 0, nfuncs = 0;
+    static struct count libs[64], funcs[512], callers[512];
+    size_t nlibs = 0, nfuncs = 0, ncallers = 0;
     for (int i = 0; i < nsamples; i++) {
         Dl_info di;
         char name[300];
@@ -531,6 +588,13 @@ static void sample(struct run *r, int iters, bool offsets)
         snprintf(name, sizeof name, "%s %s", base ? base + 1 : di.dli_fname,
                  di.dli_sname ? di.dli_sname : "-");
         add(funcs, &nfuncs, 512, name);
+        const char *lib = base ? base + 1 : di.dli_fname;
+        char caller[256], key[400];
+        if ((strncmp(lib, "libcuda.so", 10) == 0 || strncmp(lib, "libc.so", 7) == 0) &&
+            caller_of(i, lib, caller, sizeof caller)) {
+            snprintf(key, sizeof key, "%s <- %s", lib, caller);
+            add(callers, &ncallers, 512, key);
+        }
         if (offsets)
             printf("sample-offset %s 0x%lx\n", di.dli_fname,
                    (unsigned long)((char *)samples[i] - (char *)di.dli_fbase));
@@ -539,6 +603,9 @@ static void sample(struct run *r, int iters, bool offsets)
            iters, (double)(r->t[0] + r->t[1] + r->t[2]) / iters);
     print_counts("by library", libs, nlibs, 10);
     print_counts("by function", funcs, nfuncs, 25);
+    qsort(callers, ncallers, sizeof *callers, by_count);
+    for (size_t i = 0; i < ncallers && i < 60; i++)
+        printf("sample-caller %6lu  %s\n", callers[i].n, callers[i].name);
 }
 
 int main(int argc, char **argv)

@@ -52,13 +52,23 @@ sample() {
     shift
     env LD_PRELOAD="$S" "$@" timeout 200 "$P" --sample "${SAMPLE_ITERS:-1000000}" \
         --sample-offsets >"$O/sample.$tag.log" 2>&1
-    grep "^sample-offset " "$O/sample.$tag.log" | awk -v s="$real" '{ if ($2 == s) print $3 }' \
+    # The shim as loaded: the path in LD_PRELOAD (a link) or its target.
+    grep "^sample-offset " "$O/sample.$tag.log" | awk '$2 ~ /libcudefer/ { print $3 }' \
         >"$O/shim-offsets.$tag.txt"
     if [ -s "$O/shim-offsets.$tag.txt" ]; then
         addr2line -f -C -e "$real" <"$O/shim-offsets.$tag.txt" | awk 'NR % 2 == 1' | sort |
             uniq -c | sort -rn >"$O/shim-functions.$tag.txt"
     fi
-    grep -v "^sample-offset " "$O/sample.$tag.log" >"$O/sample-summary.$tag.log"
+    # Callers inside the shim, by function.
+    grep "^sample-caller " "$O/sample.$tag.log" | while read -r _ n rest; do
+        off=$(printf '%s\n' "$rest" | grep -o 'libcudefer[^ ]* +0x[0-9a-f]*' | grep -o '0x.*')
+        if [ -n "$off" ]; then
+            fn=$(addr2line -f -C -e "$real" "$off" | head -1)
+            rest="$rest ($fn)"
+        fi
+        printf '%6s  %s\n' "$n" "$rest"
+    done >"$O/callers.$tag.txt"
+    grep -v "^sample-offset \|^sample-caller " "$O/sample.$tag.log" >"$O/sample-summary.$tag.log"
     rm -f "$O/sample.$tag.log" "$O/shim-offsets.$tag.txt"
 }
 sample default
