@@ -60,8 +60,10 @@
  * markdown tables, then a table of the goals (--goals FILE writes them as
  * tab-separated lines too: goal, measured, verdict). The children without
  * cudefer get LD_PRELOAD without the shim (stripped if the parent had it
- * preloaded); the child with cudefer gets the shim first in LD_PRELOAD and
- * CUDEFER_REPORT set to a temporary file, read after it exits.
+ * preloaded); the child with cudefer gets the shim first in LD_PRELOAD,
+ * CUDEFER_REPORT set to a temporary file, read after it exits, and
+ * CUDEFER_SAVINGS=0: what cudefer saved, which nothing gathers by default,
+ * is not gathered for the report either.
  *
  * Over the cudefer test driver (tests/driver, found by its testdrv_launch
  * hook) no PTX runs: the spin, touch and fill kernels are simulated with
@@ -1271,6 +1273,10 @@ static void run_job(struct job *j)
             snprintf(v, n, "%s%s%s", shim_path, *preload ? " " : "", preload);
             setenv("LD_PRELOAD", v, 1);
             setenv("CUDEFER_REPORT", report, 1);
+            /* The report for the memory held; without what cudefer saved,
+             * which nothing gathers by default (it costs a release an
+             * event query or two): the figures are the default's. */
+            setenv("CUDEFER_SAVINGS", "0", 1);
             if (j->mode == MODE_KEEP)
                 setenv("CUDEFER_KEEP", KEEP_BYTES, 1);
             else

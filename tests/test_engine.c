@@ -1324,6 +1324,43 @@ Test(stats, waiting_avoided_under_a_kernel, .timeout = 20)
     cr_expect(longest > 250 && longest < 400, "longest %.1f ms", longest);
 }
 
+/* The same twenty releases with a report but CUDEFER_SAVINGS=0: no event
+ * query, one context record each, and the report says nothing was saved
+ * (null), where it would otherwise say 20. Exits 3 when a release asked
+ * more of the driver. */
+static void releases_under_one_kernel_unsaved(void)
+{
+    setenv("CUDEFER_SAVINGS", "0", 1);
+    test_context();
+    CUstream s;
+    CUdeviceptr buf, d[20];
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&buf, 4096))
+        exit(1);
+    for (int i = 0; i < 20; i++)
+        if (cuMemAlloc(&d[i], 4096))
+            exit(1);
+    if (testdrv_launch(s, 300000, buf, 4096, TESTDRV_WRITE))
+        exit(1);
+    uint64_t queries = testdrv_calls("cuEventQuery"), records = testdrv_calls("cuCtxRecordEvent");
+    for (int i = 0; i < 20; i++)
+        if (cuMemFree(d[i]))
+            exit(1);
+    if (testdrv_calls("cuEventQuery") != queries ||
+        testdrv_calls("cuCtxRecordEvent") - records != 20)
+        exit(3);
+    if (cuCtxSynchronize())
+        exit(1);
+}
+
+Test(stats, savings_off_gathers_nothing_for_the_report, .timeout = 20)
+{
+    char text[16384];
+    report_of(releases_under_one_kernel_unsaved, text, sizeof text);
+    cr_expect_not_null(strstr(text, "\"saved\": null"), "%s", text);
+    cr_expect_not_null(strstr(text, "\"would_wait\": null"), "%s", text);
+    cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 20"), "%s", text);
+}
+
 /* Where no statistics are shown (neither CUDEFER_STATS nor CUDEFER_REPORT),
  * a release under a kernel asks the driver for its fence and nothing more:
  * no event query of whether it would have waited, no watch with a record

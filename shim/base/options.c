@@ -46,9 +46,11 @@ static const struct cd_option_desc table[CD_OPT_COUNT] = {
     [CD_OPT_LOG] = {"LOG", CD_TYPE_LEVEL, "error",
         "Log level on stderr: off, error, info (flushes, waits, teardown, options at start) or debug (every door and release).", NULL},
     [CD_OPT_STATS] = {"STATS", CD_TYPE_BOOL, "0",
-        "Print statistics on stderr at exit (processes that used the driver only). With it, or with CUDEFER_REPORT, cudefer also gathers what it saved (the releases that would have waited in the driver, and how long at least): an event query or two for each release made while the GPU runs behind.", NULL},
+        "Print statistics on stderr at exit (processes that used the driver only).", NULL},
     [CD_OPT_REPORT] = {"REPORT", CD_TYPE_STRING, "",
-        "Path of a JSON report written at exit by each process that used the driver; %p is replaced by the pid, %h by the host name, %% by %. What cudefer saved is gathered for it, as with CUDEFER_STATS.", NULL},
+        "Path of a JSON report written at exit by each process that used the driver; %p is replaced by the pid, %h by the host name, %% by %.", NULL},
+    [CD_OPT_SAVINGS] = {"SAVINGS", CD_TYPE_BOOL, "1",
+        "Gather what cudefer saved (the releases that would have waited in the driver, and for how long at least) where it is shown: with CUDEFER_STATS=1 or CUDEFER_REPORT. That costs an event query or two for each release made while the GPU runs behind; without either, nothing is gathered. 0 never gathers it: the statistics and the report then show none.", NULL},
     [CD_OPT_DRIVER] = {"DRIVER", CD_TYPE_STRING, "",
         "Path of the driver library cudefer calls instead of libcuda.so.1; the program must load the same file (cudefer steps aside if it finds two drivers).", NULL},
 };

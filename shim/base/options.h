@@ -32,6 +32,7 @@ enum cd_option {
     CD_OPT_LOG,
     CD_OPT_STATS,
     CD_OPT_REPORT,
+    CD_OPT_SAVINGS,
     CD_OPT_DRIVER,
     CD_OPT_COUNT
 };

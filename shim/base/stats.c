@@ -36,7 +36,8 @@ __attribute__((constructor)) static void stats_init(void)
 
 bool cd_stats_gathered(void)
 {
-    return cd_option_bool(CD_OPT_STATS) || cd_option_str(CD_OPT_REPORT)[0] != '\0';
+    return cd_option_bool(CD_OPT_SAVINGS) &&
+           (cd_option_bool(CD_OPT_STATS) || cd_option_str(CD_OPT_REPORT)[0] != '\0');
 }
 
 void cd_stats_note_use(void)
@@ -90,19 +91,26 @@ static void print_text(void)
     cd_log_raw("cudefer: statistics (pid %d)\n", (int)getpid());
     cd_log_raw("cudefer:   %-10s %9s %9s %9s %9s %9s %9s %9s\n", "kind", "deferred", "released",
                "reused", "dropped", "passed", "errors", "wouldwait");
-    for (int k = 0; k < CD_KIND_COUNT; k++)
-        cd_log_raw("cudefer:   %-10s %9llu %9llu %9llu %9llu %9llu %9llu %9llu\n",
+    bool saved = cd_stats_gathered();
+    for (int k = 0; k < CD_KIND_COUNT; k++) {
+        char would[24] = "-";
+        if (saved)
+            snprintf(would, sizeof would, "%llu", (unsigned long long)cd_stats.would_wait[k]);
+        cd_log_raw("cudefer:   %-10s %9llu %9llu %9llu %9llu %9llu %9llu %9s\n",
                    cd_kind_name((enum cd_kind)k), (unsigned long long)cd_stats.deferred[k],
                    (unsigned long long)cd_stats.released[k],
                    (unsigned long long)cd_stats.reused[k],
                    (unsigned long long)cd_stats.dropped[k],
                    (unsigned long long)cd_stats.passed[k],
-                   (unsigned long long)cd_stats.errors[k],
-                   (unsigned long long)cd_stats.would_wait[k]);
-    cd_log_raw("cudefer:   %llu releases would have waited; at least %.3f s of waiting "
-               "avoided; longest %.1f ms\n", (unsigned long long)sum(cd_stats.would_wait),
-               (double)sum(cd_stats.avoided_ns) / 1e9,
-               (double)cd_stats.longest_avoided_ns / 1e6);
+                   (unsigned long long)cd_stats.errors[k], would);
+    }
+    if (saved)
+        cd_log_raw("cudefer:   %llu releases would have waited; at least %.3f s of waiting "
+                   "avoided; longest %.1f ms\n", (unsigned long long)sum(cd_stats.would_wait),
+                   (double)sum(cd_stats.avoided_ns) / 1e9,
+                   (double)cd_stats.longest_avoided_ns / 1e6);
+    else
+        cd_log_raw("cudefer:   what cudefer saved was not gathered (CUDEFER_SAVINGS=0)\n");
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)
         cd_log_raw("cudefer:   flushes (%s): %llu\n", reason_names[r],
                    (unsigned long long)cd_stats.flushes[r]);
@@ -207,12 +215,19 @@ static void write_json(const char *path)
     write_counts(f, "passed", cd_stats.passed, false);
     write_counts(f, "over_limit", cd_stats.over_limit, false);
     write_counts(f, "errors", cd_stats.errors, false);
-    write_counts(f, "would_wait", cd_stats.would_wait, false);
-    write_counts(f, "avoided_ns", cd_stats.avoided_ns, true);
-    fprintf(f, "  },\n  \"saved\": {\"would_wait\": %llu, \"avoided_s\": %.6f, "
-            "\"longest_ms\": %.3f},\n",
-            (unsigned long long)sum(cd_stats.would_wait),
-            (double)sum(cd_stats.avoided_ns) / 1e9, (double)cd_stats.longest_avoided_ns / 1e6);
+    /* What cudefer saved: null where it was not gathered (CUDEFER_SAVINGS=0). */
+    if (cd_stats_gathered()) {
+        write_counts(f, "would_wait", cd_stats.would_wait, false);
+        write_counts(f, "avoided_ns", cd_stats.avoided_ns, true);
+        fprintf(f, "  },\n  \"saved\": {\"would_wait\": %llu, \"avoided_s\": %.6f, "
+                "\"longest_ms\": %.3f},\n",
+                (unsigned long long)sum(cd_stats.would_wait),
+                (double)sum(cd_stats.avoided_ns) / 1e9,
+                (double)cd_stats.longest_avoided_ns / 1e6);
+    } else {
+        fprintf(f, "    \"would_wait\": null,\n    \"avoided_ns\": null\n  },\n"
+                "  \"saved\": null,\n");
+    }
     fprintf(f, "  \"flushes\": {");
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)
         fprintf(f, "%s\"%s\": %llu", r ? ", " : "", reason_names[r],

@@ -57,8 +57,9 @@ extern struct cd_stats cd_stats;
 
 const char *cd_flush_reason_name(enum cd_flush_reason why);
 /* Whether the figures of what cudefer saved are gathered: only where they
- * will be shown (CUDEFER_STATS=1 or CUDEFER_REPORT set). They cost event
- * queries on a release's path, and a watch the waiter follows. */
+ * will be shown (CUDEFER_STATS=1 or CUDEFER_REPORT set), unless
+ * CUDEFER_SAVINGS=0. They cost event queries on a release's path, and a
+ * watch the waiter follows. */
 bool cd_stats_gathered(void);
 void cd_stats_add_deferred_bytes(int64_t delta);
 void cd_stats_add_cached_device_bytes(int64_t delta);
