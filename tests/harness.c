@@ -212,6 +212,17 @@ static void print_history(struct hx_thread *t, unsigned shown)
 
 extern char **environ;
 
+const char *hx_savings_by_seed(void)
+{
+    if (!getenv("CUDEFER_STATS") && !getenv("CUDEFER_REPORT") && !getenv("CUDEFER_SAVINGS") &&
+        hx.seed % 2 == 0)
+        setenv("CUDEFER_REPORT", "/dev/null", 0);
+    const char *savings = getenv("CUDEFER_SAVINGS"), *stats = getenv("CUDEFER_STATS");
+    const char *report = getenv("CUDEFER_REPORT");
+    bool shown = (stats && strcmp(stats, "0") != 0) || (report && *report);
+    return shown && !(savings && strcmp(savings, "0") == 0) ? "gathered" : "not gathered";
+}
+
 /* The seed, and the command that replays the run: the run's own variables
  * and cudefer's, then the program with its operation and thread counts. */
 static void print_replay(void)

@@ -116,6 +116,14 @@ void hx_watchdog_stop(void);
 void *hx_sym(const char *name);
 void *hx_sym_opt(const char *name);
 
+/* What cudefer saved is gathered only where it is shown (CUDEFER_STATS=1
+ * or a report): unless the environment sets one of CUDEFER_STATS,
+ * CUDEFER_REPORT and CUDEFER_SAVINGS, even seeds write a report to
+ * /dev/null, so that the releases' queries and the waiter's watches run
+ * beside everything else, and odd seeds run the default path. Call before
+ * the first CUDA call; returns a word for the run's header line. */
+const char *hx_savings_by_seed(void);
+
 /* cudefer_flush, found with dlsym; -1 if the shim is not loaded. */
 int hx_flush(void);
 bool hx_shim_loaded(void);

@@ -19,7 +19,8 @@
  * one-context path of fence.h).
  * Unless set, CUDEFER_MAX_DEFERRED_ENTRIES is 32 and CUDEFER_MAX_DEFERRED_BYTES
  * 2M, so that the queues of the contexts go past their limits (soft: the
- * releases past them must not wait either).
+ * releases past them must not wait either). Even seeds gather what cudefer
+ * saved (hx_savings_by_seed).
  *
  * Kernels that wait for the host. Time runs in epochs of PROP_EPOCH_MS. At
  * the start of epoch e, main launches testdrv_launch_spin kernels on flag e
@@ -1940,6 +1941,7 @@ int main(int argc, char **argv)
     setenv("TESTDRIVER_DEVICES", "2", 0);
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "32", 0);
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
+    const char *savings = hx_savings_by_seed();
     load_wrapped();
     hx_watchdog_start();
 
@@ -1981,8 +1983,8 @@ int main(int argc, char **argv)
     testdrv_set_device_capacity(cap);
     testdrv_set_host_capacity(cap);
     printf("property: %llu operations, %d threads, seed %llu, epochs of %u ms, capacity %zu, "
-           "%d wrapped names (%s), green contexts %s\n", hx.ops, hx.threads,
-           (unsigned long long)hx.seed, epoch_ms, cap, nwrapped, wrapped_path,
+           "%d wrapped names (%s), savings %s, green contexts %s\n", hx.ops, hx.threads,
+           (unsigned long long)hx.seed, epoch_ms, cap, nwrapped, wrapped_path, savings,
            have_green ? "yes" : "no (skipped)");
     fflush(stdout);
 

@@ -25,7 +25,8 @@
  * for even ones, so that both ways of handing device memory back run;
  * CUDEFER_DEVICE_CACHE_PEAK, unless set, is 0 for seeds 3, 7, 11... (the
  * cache held to 64k alone: the most evictions), 100 for seeds 2, 6, 10...
- * and the default otherwise.
+ * and the default otherwise. Even seeds gather what cudefer saved
+ * (hx_savings_by_seed).
  *
  * The program. Every thread works in a home context (the primary context of
  * device 0, or a context of device 1 that main creates) with two streams of
@@ -1671,6 +1672,7 @@ int main(int argc, char **argv)
     setenv("CUDEFER_DEVICE_CACHE", hx.seed % 2 ? "64k" : "256M", 0);
     setenv("CUDEFER_DEVICE_CACHE_PEAK", hx.seed % 4 == 3 ? "0" : hx.seed % 4 == 2 ? "100" : "200",
            0);
+    const char *savings = hx_savings_by_seed();
     hx_watchdog_start();
 
     CUdevice dev0 = 0, dev1 = 1;
@@ -1706,9 +1708,9 @@ int main(int argc, char **argv)
     testdrv_set_host_capacity(cap);
 
     printf("race: %llu operations, %d threads, seed %llu, capacity %zu, CUDEFER_DEVICE_CACHE=%s, "
-           "CUDEFER_DEVICE_CACHE_PEAK=%s, green contexts %s%s%s\n", hx.ops, hx.threads,
-           (unsigned long long)hx.seed, cap, getenv("CUDEFER_DEVICE_CACHE"),
-           getenv("CUDEFER_DEVICE_CACHE_PEAK"), have_green ? "yes" : "no (skipped)",
+           "CUDEFER_DEVICE_CACHE_PEAK=%s, savings %s, green contexts %s%s%s\n", hx.ops,
+           hx.threads, (unsigned long long)hx.seed, cap, getenv("CUDEFER_DEVICE_CACHE"),
+           getenv("CUDEFER_DEVICE_CACHE_PEAK"), savings, have_green ? "yes" : "no (skipped)",
            getenv("RACE_SKIP") ? ", RACE_SKIP=" : "",
            getenv("RACE_SKIP") ? getenv("RACE_SKIP") : "");
     fflush(stdout);
