@@ -25,6 +25,11 @@
  *            (cuCtxRecordEvent); an allocation takes the oldest released
  *            block whose fence has passed, else makes a new one (cuMemAlloc;
  *            at 16 blocks out it waits for the oldest fence instead);
+ *   word     as fenced, but the GPU also writes the release's number into
+ *            a host-visible word after its fence (cuStreamWaitEvent and
+ *            cuStreamWriteValue32 on a stream of its own), and an
+ *            allocation reads the word instead of querying the event
+ *            (not run where the driver has no cuStreamWriteValue32_v2);
  *   barrier  an allocation takes the newest released block at once and
  *            makes every later work of the context wait for its fence on
  *            the GPU (cuCtxWaitEvent, driver 12.5+).
@@ -271,8 +276,20 @@ static void free_calls(CUstream s)
 
 /* ---- ways of reusing a released block ---------------------------------------- */
 
-enum policy { P_POOL, P_FENCED, P_BARRIER, P_COUNT };
-static const char *const policy_names[P_COUNT] = {"pool", "fenced", "barrier"};
+enum policy { P_POOL, P_FENCED, P_WORD, P_BARRIER, P_COUNT };
+static const char *const policy_names[P_COUNT] = {"pool", "fenced", "word", "barrier"};
+
+/* The word policy: a release's fence also makes the GPU write the
+ * release's number into a host-visible word, after the fence, on a stream
+ * of its own; an allocation reads the word instead of asking the driver
+ * about the event. NULL where the driver has no cuStreamWriteValue32 (the
+ * test driver): that policy is then not run. */
+typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+static write_value_fn write_value;
+static volatile cuuint32_t *word;
+static CUdeviceptr word_dev;
+static CUstream word_stream;
+static cuuint32_t word_seq;
 
 #define RING 16
 
@@ -283,6 +300,7 @@ struct ring {
     int head, n;
     CUevent spare[RING + 1];
     int nspare;
+    cuuint32_t seq[RING]; /* the word policy: each block's number */
 };
 
 static CUevent ring_event(struct ring *q)
@@ -302,6 +320,16 @@ static void ring_put(struct ring *q, CUcontext ctx, CUdeviceptr d)
     q->d[i] = d;
     q->ev[i] = ev;
     q->n++;
+}
+
+/* The word policy's release: the fence, then the number written after it. */
+static void ring_put_word(struct ring *q, CUcontext ctx, CUdeviceptr d)
+{
+    ring_put(q, ctx, d);
+    int i = (q->head + q->n - 1) % RING;
+    q->seq[i] = ++word_seq;
+    GC_CHECK(cuStreamWaitEvent(word_stream, q->ev[i], 0));
+    GC_CHECK(write_value(word_stream, word_dev, q->seq[i], 0));
 }
 
 /* Takes the oldest (newest: false) released block; its fence in *ev. */
@@ -333,6 +361,19 @@ static CUdeviceptr policy_alloc(enum policy p, struct ring *q, CUcontext ctx, CU
         }
         GC_CHECK(cuMemAlloc(&d, bytes));
         return d;
+    case P_WORD:
+        /* Numbers grow with each release, and the GPU writes them in that
+         * order: the word at or past a block's number means its fence has
+         * passed. */
+        if (q->n && (q->n == RING || *word >= q->seq[q->head])) {
+            d = ring_take(q, true, &ev);
+            if (*word < q->seq[(q->head + RING - 1) % RING])
+                GC_CHECK(cuEventSynchronize(ev)); /* the ring is full */
+            q->spare[q->nspare++] = ev;
+            return d;
+        }
+        GC_CHECK(cuMemAlloc(&d, bytes));
+        return d;
     case P_BARRIER:
         if (q->n) {
             d = ring_take(q, false, &ev);
@@ -352,6 +393,8 @@ static void policy_free(enum policy p, struct ring *q, CUcontext ctx, CUstream s
 {
     if (p == P_POOL)
         GC_CHECK(cuMemFreeAsync(d, s));
+    else if (p == P_WORD)
+        ring_put_word(q, ctx, d);
     else
         ring_put(q, ctx, d);
 }
@@ -434,13 +477,33 @@ static void policies(const struct gc_kernels *k, CUstream s)
         {"dev4k light ", 4096, false, 1},        {"dev4k full  ", 4096, true, 1},
         {"dev64m light", 64 << 20, false, 10}, {"dev64m full ", 64 << 20, true, 10},
     };
+    write_value = (write_value_fn)dlsym(RTLD_DEFAULT, "cuStreamWriteValue32_v2");
+    void *host_word = NULL;
+    if (write_value) {
+        GC_CHECK(cuMemHostAlloc(&host_word, sizeof(cuuint32_t), CU_MEMHOSTALLOC_DEVICEMAP));
+        GC_CHECK(cuMemHostGetDevicePointer(&word_dev, host_word, 0));
+        word = host_word;
+        *word = 0;
+        word_seq = 0;
+        GC_CHECK(cuStreamCreate(&word_stream, CU_STREAM_NON_BLOCKING));
+    }
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         int iters = N / rows[i].share;
         printf("reuse  %s", rows[i].name);
-        for (int p = 0; p < P_COUNT; p++)
+        for (int p = 0; p < P_COUNT; p++) {
+            if (p == P_WORD && !write_value) {
+                printf("  %s n/a", policy_names[p]);
+                continue;
+            }
             printf("  %s %.2f", policy_names[p],
                    policy_loop((enum policy)p, k, ctx, s, rows[i].bytes, rows[i].full, iters));
+        }
         printf(" us\n");
+    }
+    if (write_value) {
+        GC_CHECK(cuStreamSynchronize(word_stream));
+        GC_CHECK(cuStreamDestroy(word_stream));
+        GC_CHECK(cuMemFreeHost(host_word));
     }
     cuuint64_t zero = 0;
     GC_CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero));
