@@ -186,8 +186,12 @@ run_prog() {
         return
     fi
     [ "$limit" -gt "$left" ] && limit=$left
+    # The statistics and the report, without what cudefer saved: gathering
+    # it costs each release made while the GPU runs behind about 0.55 us
+    # (bench/RESULTS.md, run 57), and nothing gathers it by default.
     if [ "$mode" = cudefer ]; then
-        vars=("LD_PRELOAD=$SHIM" CUDEFER_STATS=1 "CUDEFER_REPORT=$base.json" ${vars[@]+"${vars[@]}"})
+        vars=("LD_PRELOAD=$SHIM" CUDEFER_STATS=1 CUDEFER_SAVINGS=0 "CUDEFER_REPORT=$base.json"
+            ${vars[@]+"${vars[@]}"})
     fi
     gl_run "$limit" "$base.out" "$base.err" ${vars[@]+"${vars[@]}"} "$@"
     local rc=$GL_RC secs
