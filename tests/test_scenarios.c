@@ -321,7 +321,8 @@ Test(scenarios, no_hidden_wait_in_a_second_context, .timeout = 20)
 struct retain_loop {
     CUdevice dev;
     atomic_int stop;
-    long pairs;
+    atomic_long pairs;
+    atomic_int failed; /* the CUresult that ended the loop early, if one did */
 };
 
 static void *retain_release_loop(void *arg)
@@ -329,12 +330,25 @@ static void *retain_release_loop(void *arg)
     struct retain_loop *rl = arg;
     CUcontext ctx;
     while (!atomic_load(&rl->stop)) {
-        if (cuDevicePrimaryCtxRetain(&ctx, rl->dev) != CUDA_SUCCESS ||
-            cuDevicePrimaryCtxRelease(rl->dev) != CUDA_SUCCESS)
+        CUresult rc = cuDevicePrimaryCtxRetain(&ctx, rl->dev);
+        if (rc == CUDA_SUCCESS)
+            rc = cuDevicePrimaryCtxRelease(rl->dev);
+        if (rc != CUDA_SUCCESS) {
+            atomic_store(&rl->failed, (int)rc);
             break;
-        rl->pairs++;
+        }
+        atomic_fetch_add(&rl->pairs, 1);
     }
     return NULL;
+}
+
+/* Waits until the loop has made its first pair (up to 10 s): on a loaded
+ * machine a new thread may not run at all for as long as the test's own
+ * loop takes. */
+static void retain_loop_started(struct retain_loop *rl)
+{
+    for (int i = 0; i < 10000 && atomic_load(&rl->pairs) == 0 && !atomic_load(&rl->failed); i++)
+        usleep(1000);
 }
 
 Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout = 30)
@@ -344,6 +358,7 @@ Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout
     struct retain_loop rl = {.dev = device0()};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, retain_release_loop, &rl), 0);
+    retain_loop_started(&rl);
     uint64_t worst_calls = 0, worst_ns = 0;
     for (int i = 0; i < 400; i++) {
         CUlibrary lib = library_loaded(NULL);
@@ -359,7 +374,9 @@ Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout
     }
     atomic_store(&rl.stop, 1);
     pthread_join(t, NULL);
-    cr_expect_gt(rl.pairs, 0, "the other thread made no retain/release pair");
+    cr_expect_eq(atomic_load(&rl.failed), CUDA_SUCCESS, "the other thread's retain or release "
+                 "failed");
+    cr_expect_gt(atomic_load(&rl.pairs), 0, "the other thread made no retain/release pair");
     cr_expect_eq(worst_calls, 0, "an unload made %llu calls that may wait (blocked %llu us)",
                  (unsigned long long)worst_calls, (unsigned long long)(worst_ns / 1000));
     CU_OK(cuCtxSynchronize());
@@ -909,7 +926,7 @@ Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .tim
         struct retain_loop rl = {.dev = dev1};
         pthread_t loop, cap;
         cr_assert_eq(pthread_create(&loop, NULL, retain_release_loop, &rl), 0);
-        while (rl.pairs < 10)
+        while (atomic_load(&rl.pairs) < 10)
             sleep_ms(1);
         /* Fenced releases, many of them while the second GPU's primary
          * context is being released: their records there are marked. */
@@ -1435,7 +1452,8 @@ Test(scenarios, context_creation_beside_primary_releases, .timeout = 60)
     }
     atomic_store(&pc.stop, 1);
     pthread_join(t, NULL);
-    cr_expect_gt(pc.pairs, 100, "the other thread made %ld pairs", pc.pairs);
+    cr_expect_gt(atomic_load(&pc.pairs), 100, "the other thread made %ld pairs",
+                 atomic_load(&pc.pairs));
     cr_expect_eq(waits, 0, "%llu of %d context creations made a call that waits for the GPU",
                  (unsigned long long)waits, made);
     cr_expect_eq(primary_active(pc.dev), 0, "the primary context outlived the last release");
