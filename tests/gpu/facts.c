@@ -26,11 +26,16 @@
  *   capture      which of the engine's calls, made by a thread in the
  *                relaxed capture mode, invalidate another thread's global
  *                capture: in the capturing context and in another context
- *                of the same device
+ *                of the same device (a write of a host-mapped word behind
+ *                a fence among them)
  *   beside       whether a call that returns at once (cuGreenCtxDestroy, a
  *                cuDevicePrimaryCtxRelease that is not the last,
  *                cuStreamQuery) waits while another thread's cuMemFreeHost
  *                waits for a 300 ms kernel of the primary context
+ *   word         a number the GPU writes into a host-mapped word after a
+ *                fence (cuStreamWaitEvent, cuStreamWriteValue32 on a stream
+ *                of its own): the calls' cost, and how long after the
+ *                fence's event the host sees it (never before)
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -636,18 +641,23 @@ enum cap_case {
     CAP_CTX_RECORD,     /* cuCtxRecordEvent of the capturing context */
     CAP_CTX_RECORD_OTHER, /* cuCtxRecordEvent of another context of the device */
     CAP_FREE_ASYNC_OTHER, /* cuMemFreeAsync + sync in another context */
+    CAP_WRITE_VALUE,    /* cuStreamWaitEvent of a context record, cuStreamWriteValue32 of a
+                           host-mapped word, on another non-blocking stream */
     CAP_CASES
 };
 
 static const char *const cap_names[CAP_CASES] = {
     "nothing", "free_async", "mem_free", "event_ops", "event_sync", "ctx_record",
-    "ctx_record_other", "free_async_other",
+    "ctx_record_other", "free_async_other", "write_value",
 };
 
 static struct {
     CUcontext ctx, other;
     enum cap_case which;
     CUresult rc; /* the relaxed thread's call */
+    CUevent before;               /* a context record made before the capture */
+    volatile cuuint32_t *word;    /* a host-mapped word, and its device address */
+    CUdeviceptr word_dev;
 } capf;
 
 /* The relaxed thread: the case's calls while the main thread captures. */
@@ -697,6 +707,18 @@ static void *cap_relaxed(void *arg)
         if (rc == CUDA_SUCCESS)
             rc = cuStreamWaitEvent(s2, ev, 0);
         break;
+    case CAP_WRITE_VALUE: {
+        /* A context record made before the capture began: the engine makes
+         * its fences outside captures, and writes behind them. */
+        rc = cuStreamWaitEvent(s2, capf.before, 0);
+        if (rc == CUDA_SUCCESS)
+            rc = cuStreamWriteValue32(s2, capf.word_dev, 7, 0);
+        if (rc == CUDA_SUCCESS)
+            rc = cuStreamSynchronize(s2);
+        if (rc == CUDA_SUCCESS && *capf.word != 7)
+            rc = CUDA_ERROR_UNKNOWN;
+        break;
+    }
     }
     capf.rc = rc;
     GC_CHECK(cuStreamSynchronize(s2));
@@ -720,9 +742,16 @@ static int fact_capture(void)
     GC_CHECK(cuCtxSetCurrent(capf.ctx));
     CUstream cs;
     GC_CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    void *word;
+    GC_CHECK(cuMemHostAlloc(&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    GC_CHECK(cuMemHostGetDevicePointer(&capf.word_dev, word, 0));
+    capf.word = word;
+    GC_CHECK(cuEventCreate(&capf.before, CU_EVENT_DISABLE_TIMING));
     for (int k = 0; k < CAP_CASES; k++) {
         capf.which = (enum cap_case)k;
         capf.rc = CUDA_ERROR_UNKNOWN;
+        *capf.word = 0;
+        GC_CHECK(cuCtxRecordEvent(capf.ctx, capf.before));
         CUresult begin = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
         if (begin == CUDA_SUCCESS)
             GC_CHECK(gc_spin(&kernels, cs, 1.0, 0, 0));
@@ -740,7 +769,82 @@ static int fact_capture(void)
         GC_CHECK(cuCtxSynchronize());
     }
     GC_CHECK(cuStreamDestroy(cs));
+    GC_CHECK(cuEventDestroy(capf.before));
+    GC_CHECK(cuMemFreeHost(word));
     GC_CHECK(cuCtxDestroy(capf.other));
+    return 0;
+}
+
+/* ---- a fence's passing written by the GPU into a host word ---------------- */
+
+/* What a word that the GPU writes after a fence costs and how late the host
+ * sees it (the reuse check of bench/RESULTS.md run 59): the two calls on
+ * an idle GPU; then, behind a 50 ms kernel, the time from the fence's
+ * event being seen passed (cuEventQuery, polled) to the word being seen
+ * written, and the reverse order never happening (the word before the
+ * event would mean a write ahead of the fence). */
+static int fact_word(void)
+{
+    CUcontext ctx = gc_init();
+    load_kernels();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    int memops = -1;
+    (void)cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, dev);
+    CUstream s, priv;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&priv, CU_STREAM_NON_BLOCKING));
+    void *host;
+    GC_CHECK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    volatile cuuint32_t *word = host;
+    CUdeviceptr word_dev;
+    GC_CHECK(cuMemHostGetDevicePointer(&word_dev, host, 0));
+    CUevent ev;
+    GC_CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    /* Idle: the pair of calls a release would add. */
+    enum { N = 20000 };
+    double t0 = gc_now_ms();
+    for (cuuint32_t i = 1; i <= N; i++) {
+        GC_CHECK(cuCtxRecordEvent(ctx, ev));
+        GC_CHECK(cuStreamWaitEvent(priv, ev, 0));
+        GC_CHECK(cuStreamWriteValue32(priv, word_dev, i, 0));
+    }
+    double idle_ns = (gc_now_ms() - t0) * 1e6 / N;
+    GC_CHECK(cuStreamSynchronize(priv));
+    bool idle_last = *word == N;
+    /* Behind a kernel, five times. */
+    double lag_max = 0, lag_sum = 0;
+    int early = 0;
+    for (int r = 0; r < 5; r++) {
+        cuuint32_t v = 1000000 + (cuuint32_t)r;
+        GC_CHECK(gc_spin(&kernels, s, 50.0, 0, 0));
+        GC_CHECK(cuCtxRecordEvent(ctx, ev));
+        GC_CHECK(cuStreamWaitEvent(priv, ev, 0));
+        GC_CHECK(cuStreamWriteValue32(priv, word_dev, v, 0));
+        double seen_event = 0, seen_word = 0;
+        while (!seen_event || !seen_word) {
+            double now = gc_now_ms();
+            if (!seen_word && *word == v) {
+                seen_word = now;
+                if (!seen_event && cuEventQuery(ev) != CUDA_SUCCESS)
+                    early++;
+            }
+            if (!seen_event && cuEventQuery(ev) == CUDA_SUCCESS)
+                seen_event = now;
+        }
+        double lag = seen_word - seen_event;
+        lag_sum += lag;
+        if (lag > lag_max)
+            lag_max = lag;
+        GC_CHECK(cuCtxSynchronize());
+    }
+    printf("RESULT word stream_mem_ops_attr=%d idle_record_wait_write_ns=%.0f idle_last_seen=%d "
+           "lag_mean_us=%.1f lag_max_us=%.1f word_before_event=%d\n", memops, idle_ns,
+           idle_last, lag_sum * 1e3 / 5, lag_max * 1e3, early);
+    GC_CHECK(cuEventDestroy(ev));
+    GC_CHECK(cuMemFreeHost(host));
+    GC_CHECK(cuStreamDestroy(priv));
+    GC_CHECK(cuStreamDestroy(s));
     return 0;
 }
 
@@ -812,7 +916,7 @@ int main(int argc, char **argv)
         {"green", fact_green},     {"green-dead", fact_green_dead}, {"register", fact_register},
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
-        {"capture", fact_capture}, {"beside", fact_beside},
+        {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
