@@ -83,6 +83,10 @@ TD_EP(cuStreamAddCallback)
 TD_EP(cuStreamAddCallback_ptsz)
 TD_EP(cuLaunchHostFunc)
 TD_EP(cuLaunchHostFunc_ptsz)
+TD_EP(cuStreamWriteValue32)
+TD_EP(cuStreamWriteValue32_v2)
+TD_EP(cuStreamWriteValue32_ptsz)
+TD_EP(cuStreamWriteValue32_v2_ptsz)
 
 /* Events (events.c) */
 TD_EP(cuEventCreate)

@@ -102,6 +102,21 @@ static void fault(struct td_ctx *c)
     pthread_cond_broadcast(&td.cv);
 }
 
+void td_write_value_run(struct td_stream *s, struct td_op *op)
+{
+    struct td_ctx *c = s->h.ctx;
+    if (c->sticky != CUDA_SUCCESS)
+        return;
+    uintptr_t p = op->u.write.addr;
+    const struct td_alloc *a = td_alloc_covering(p, sizeof(uint32_t));
+    if (!a || (a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY))) {
+        fault(c);
+        return;
+    }
+    if (a->host_backed || a->kind == TESTDRV_REGISTERED)
+        __atomic_store_n((uint32_t *)p, op->u.write.value, __ATOMIC_RELEASE);
+}
+
 /* A kernel that spins (polling, without the lock) until *flag != 0. */
 static void spin_run(struct td_ctx *c, const volatile int *flag)
 {

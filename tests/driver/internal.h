@@ -520,6 +520,7 @@ enum td_opkind {
     TD_OP_HOSTFN,    /* cuLaunchHostFunc */
     TD_OP_CALLBACK,  /* cuStreamAddCallback */
     TD_OP_FREE,      /* cuMemFreeAsync reaching its position */
+    TD_OP_WRITE32,   /* cuStreamWriteValue32 */
 };
 
 struct td_op {
@@ -534,8 +535,15 @@ struct td_op {
         struct { CUhostFn fn; void *data; } hostfn;
         struct { CUstreamCallback fn; void *data; CUstream handle; } callback;
         struct { struct td_alloc *a; } free;
+        struct { uintptr_t addr; uint32_t value; } write;
     } u;
 };
+
+/* Runs a TD_OP_WRITE32 op (td.mu held): the word is stored where the
+ * memory is backed on the host (pinned, registered, managed); a word
+ * outside live memory, or in read-only registered memory, faults the
+ * context like a kernel's write. */
+void td_write_value_run(struct td_stream *s, struct td_op *op);
 
 /* A new op of that kind (zeroed, no dependencies). */
 struct td_op *td_op_new(enum td_opkind kind);

@@ -103,6 +103,10 @@ static const struct proc_entry table[] = {
     P(cuStreamAddCallback, 7000, cuStreamAddCallback_ptsz)
     D(cuLaunchHostFunc, 10000, cuLaunchHostFunc)
     P(cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz)
+    D(cuStreamWriteValue32, 8000, cuStreamWriteValue32)
+    P(cuStreamWriteValue32, 8000, cuStreamWriteValue32_ptsz)
+    D(cuStreamWriteValue32, 11070, cuStreamWriteValue32_v2)
+    P(cuStreamWriteValue32, 11070, cuStreamWriteValue32_v2_ptsz)
 
     D(cuEventCreate, 2000, cuEventCreate)
     D(cuEventDestroy, 2000, cuEventDestroy)

@@ -142,6 +142,9 @@ static void op_run(struct td_stream *s, struct td_op *op)
     case TD_OP_FREE:
         td_pool_free_passed(op->u.free.a, s, op->seq);
         break;
+    case TD_OP_WRITE32:
+        td_write_value_run(s, op);
+        break;
     }
 }
 
@@ -648,6 +651,52 @@ static CUresult launch_host_func(CUstream h, bool ptsz, CUhostFn fn, void *data)
     op->u.hostfn.fn = fn;
     op->u.hostfn.data = data;
     return stream_host_op(h, ptsz, op);
+}
+
+/* cuStreamWriteValue32: the word is written when the stream reaches it
+ * (measured on an H200, bench/RESULTS.md run 62: never before the work it
+ * follows; it works although CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1
+ * says 0). Flags other than the two defined, or an address that is 0 or not
+ * 4-byte aligned, get CUDA_ERROR_INVALID_VALUE (not measured); a word
+ * outside live memory faults the context when it runs. */
+static CUresult write_value(CUstream h, bool ptsz, CUdeviceptr addr, cuuint32_t value,
+                            unsigned flags)
+{
+    if (!addr || addr % 4 ||
+        (flags != CU_STREAM_WRITE_VALUE_DEFAULT && flags != CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct td_op *op = td_op_new(TD_OP_WRITE32);
+    op->u.write.addr = (uintptr_t)addr;
+    op->u.write.value = value;
+    return stream_host_op(h, ptsz, op);
+}
+
+TD_EXPORT CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                        unsigned int flags)
+{
+    TD_COUNT(cuStreamWriteValue32);
+    return write_value(stream, false, addr, value, flags);
+}
+
+TD_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                           unsigned int flags)
+{
+    TD_COUNT(cuStreamWriteValue32_v2);
+    return write_value(stream, false, addr, value, flags);
+}
+
+TD_EXPORT CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                             unsigned int flags)
+{
+    TD_COUNT(cuStreamWriteValue32_ptsz);
+    return write_value(stream, true, addr, value, flags);
+}
+
+TD_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr,
+                                                cuuint32_t value, unsigned int flags)
+{
+    TD_COUNT(cuStreamWriteValue32_v2_ptsz);
+    return write_value(stream, true, addr, value, flags);
 }
 
 TD_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)

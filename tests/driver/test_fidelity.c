@@ -2178,3 +2178,51 @@ Test(exit, teardown_before_handlers_registered_earlier, .timeout = 10)
     cr_assert_eq(at_exit_answer(NULL), CUDA_SUCCESS);
     cr_assert_eq(at_exit_answer("atexit"), CUDA_ERROR_DEINITIALIZED);
 }
+
+/* ---- a word written by the GPU after a fence (bench/RESULTS.md, run 62) ---- */
+
+/* cuStreamWriteValue32 behind a context's record: the host sees the word
+ * only once the work before the record has ended, never before; bad flags
+ * or an unaligned address get CUDA_ERROR_INVALID_VALUE. */
+Test(memops, write_value_follows_the_fence, .timeout = 10)
+{
+    CUcontext ctx = ctx_setup();
+    CUstream work = stream_new(CU_STREAM_NON_BLOCKING), priv = stream_new(CU_STREAM_NON_BLOCKING);
+    void *host;
+    CU_OK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    volatile uint32_t *word = host;
+    CUdeviceptr dword;
+    CU_OK(cuMemHostGetDevicePointer(&dword, host, 0));
+    *word = 0;
+    CUevent ev = event_new();
+    CU_OK(testdrv_launch(work, 100000, 0, 0, TESTDRV_WRITE));
+    CU_OK(cuCtxRecordEvent(ctx, ev));
+    CU_OK(cuStreamWaitEvent(priv, ev, 0));
+    CU_OK(cuStreamWriteValue32(priv, dword, 7, 0));
+    sleep_ms(20);
+    cr_expect_eq(*word, 0, "the word was written while the work before the fence ran");
+    cr_expect_eq(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    CU_OK(cuStreamSynchronize(priv));
+    cr_expect_eq(*word, 7);
+    cr_expect_eq(cuEventQuery(ev), CUDA_SUCCESS);
+    cr_expect_eq(cuStreamWriteValue32(priv, dword + 2, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuStreamWriteValue32(priv, dword, 1, 8), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuEventDestroy(ev));
+    CU_OK(cuMemFreeHost(host));
+}
+
+/* A word outside live memory faults the context when the stream reaches
+ * it, as a kernel's write there would. */
+Test(memops, write_value_to_freed_memory_faults, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    void *host;
+    CU_OK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    CUdeviceptr dword;
+    CU_OK(cuMemHostGetDevicePointer(&dword, host, 0));
+    CU_OK(cuMemFreeHost(host));
+    CU_OK(cuStreamWriteValue32(s, dword, 1, 0));
+    cr_expect_eq(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_expect_gt(testdrv_faults(), 0);
+}

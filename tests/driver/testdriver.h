@@ -40,6 +40,12 @@
  *    cuMemFree): they wait for the context the memory belongs to.
  *    Allocations, stream-ordered calls, stream/event destruction, queries
  *    and cuMemCreate/cuMemRelease never wait.
+ *  - cuStreamWriteValue32 (and _v2, _ptsz): the 32-bit word is stored when
+ *    the stream reaches it, where the memory is backed on the host (pinned
+ *    through its device pointer, registered, managed); a word outside live
+ *    memory, or in read-only registered memory, faults the context then.
+ *    Flags other than the two defined, or an address that is 0 or not
+ *    4-byte aligned, get CUDA_ERROR_INVALID_VALUE at once.
  *  - Legacy stream: an op queued on it waits for the work already queued
  *    on the blocking streams of its context (streams made without
  *    CU_STREAM_NON_BLOCKING, per-thread default streams) and an op queued
