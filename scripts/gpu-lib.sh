@@ -128,12 +128,20 @@ gl_gpu_line() {
 }
 
 # A copied tree may carry stale git metadata: the hash of the shim's sources
-# says which code ran (compare: scripts/gpu-all.sh --shim-hash).
+# says which code ran (compare: scripts/gpu-all.sh --shim-hash). A tree
+# that is not the top of a git work tree of its own (a `git archive` copy
+# inside another checkout) names no commit: the enclosing repository's
+# would not be this tree's.
 gl_commit_line() {
-    local commit changed=
-    commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')
-    git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . &&
-        changed=' (with uncommitted changes)'
+    local commit top changed=''
+    top=$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null || true)
+    if [ -n "$top" ] && [ "$(cd "$top" && pwd -P)" = "$(cd "$ROOT" && pwd -P)" ]; then
+        commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')
+        git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . &&
+            changed=' (with uncommitted changes)'
+    else
+        commit='none (not a git checkout of its own)'
+    fi
     printf '%s%s; shim sources %s\n' "$commit" "$changed" "$(gl_shim_hash)"
 }
 
