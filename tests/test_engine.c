@@ -1279,11 +1279,14 @@ Test(stats, json_report_at_exit, .timeout = 10)
  * behind the first, and the others join that watch instead of recording an
  * event each (a release costs one event record, its fence's). Exits 2 when
  * the releases recorded more events than that. */
-static void releases_under_one_kernel(void)
+/* In a child: twenty device blocks of 4 KiB in d, and a 300 ms kernel
+ * running on another block, which stays for the teardown. Exits 1 when a
+ * call fails. */
+static void twenty_blocks_under_a_kernel(CUdeviceptr d[20])
 {
     test_context();
     CUstream s;
-    CUdeviceptr buf, d[20];
+    CUdeviceptr buf;
     if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&buf, 4096))
         exit(1);
     for (int i = 0; i < 20; i++)
@@ -1291,15 +1294,21 @@ static void releases_under_one_kernel(void)
             exit(1);
     if (testdrv_launch(s, 300000, buf, 4096, TESTDRV_WRITE))
         exit(1);
+}
+
+static void releases_under_one_kernel(void)
+{
+    CUdeviceptr d[20];
+    twenty_blocks_under_a_kernel(d);
     uint64_t records = testdrv_calls("cuEventRecord");
     for (int i = 0; i < 20; i++)
         if (cuMemFree(d[i]))
             exit(1);
     if (testdrv_calls("cuEventRecord") - records > 20 + 1)
         exit(2);
-    /* buf stays for the teardown: a release on an idle GPU may count as
-     * waiting too (the fence's event is not complete the moment after it
-     * is recorded). */
+    /* The kernel's block stays for the teardown: a release on an idle GPU
+     * may count as waiting too (the fence's event is not complete the
+     * moment after it is recorded). */
     if (cuCtxSynchronize())
         exit(1);
 }
@@ -1331,16 +1340,8 @@ Test(stats, waiting_avoided_under_a_kernel, .timeout = 20)
 static void releases_under_one_kernel_unsaved(void)
 {
     setenv("CUDEFER_SAVINGS", "0", 1);
-    test_context();
-    CUstream s;
-    CUdeviceptr buf, d[20];
-    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&buf, 4096))
-        exit(1);
-    for (int i = 0; i < 20; i++)
-        if (cuMemAlloc(&d[i], 4096))
-            exit(1);
-    if (testdrv_launch(s, 300000, buf, 4096, TESTDRV_WRITE))
-        exit(1);
+    CUdeviceptr d[20];
+    twenty_blocks_under_a_kernel(d);
     uint64_t queries = testdrv_calls("cuEventQuery"), records = testdrv_calls("cuCtxRecordEvent");
     for (int i = 0; i < 20; i++)
         if (cuMemFree(d[i]))
