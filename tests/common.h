@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "own.h"
 #include "testdriver.h"
 
 #define CU_OK(call)                                                           \

@@ -223,6 +223,14 @@ const char *hx_savings_by_seed(void)
     return shown && !(savings && strcmp(savings, "0") == 0) ? "gathered" : "not gathered";
 }
 
+const char *hx_word_by_seed(void)
+{
+    if (hx.seed % 3 == 0)
+        setenv("CUDEFER_FENCE_WORD", "0", 0);
+    const char *word = getenv("CUDEFER_FENCE_WORD");
+    return word && strcmp(word, "0") == 0 ? "events alone" : "words";
+}
+
 /* The seed, and the command that replays the run: the run's own variables
  * and cudefer's, then the program with its operation and thread counts. */
 static void print_replay(void)

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "own.h"
 #include "testdriver.h"
 
 #define BYTES (64u << 10)
@@ -73,7 +74,7 @@ static void queue_one_of_each(unsigned usec)
     check(cuModuleUnload(mod), "cuModuleUnload");
     check(cuLibraryUnload(lib), "cuLibraryUnload");
     /* Deferred, so still there for the driver. */
-    if (testdrv_live(TESTDRV_HOST) != 2 || testdrv_live(TESTDRV_ARRAY) != 1) {
+    if (program_live(TESTDRV_HOST) != 2 || program_live(TESTDRV_ARRAY) != 1) {
         fprintf(stderr, "lifecycle_child: the releases were not deferred (is the shim "
                         "preloaded?)\n");
         exit(1);
@@ -111,9 +112,9 @@ int main(int argc, char **argv)
         flush();
         int failed = 0;
         for (enum testdrv_kind kind = TESTDRV_DEVICE; kind <= TESTDRV_LIBRARY; kind++) {
-            if (testdrv_live(kind) != 0) {
+            if (program_live(kind) != 0) {
                 fprintf(stderr, "lifecycle_child: kind %d: %zu left after cudefer_flush\n",
-                        (int)kind, testdrv_live(kind));
+                        (int)kind, program_live(kind));
                 failed = 1;
             }
         }

@@ -20,7 +20,8 @@
  * Unless set, CUDEFER_MAX_DEFERRED_ENTRIES is 32 and CUDEFER_MAX_DEFERRED_BYTES
  * 2M, so that the queues of the contexts go past their limits (soft: the
  * releases past them must not wait either). Even seeds gather what cudefer
- * saved (hx_savings_by_seed).
+ * saved (hx_savings_by_seed). Seeds 3, 6, 9... reuse without the fences'
+ * words (hx_word_by_seed).
  *
  * Kernels that wait for the host. Time runs in epochs of PROP_EPOCH_MS. At
  * the start of epoch e, main launches testdrv_launch_spin kernels on flag e
@@ -125,6 +126,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "own.h"
 #include "testdriver.h"
 
 #define STREAMS 2
@@ -449,9 +451,9 @@ static struct inflight inflight[HX_MAX_THREADS];
 static size_t driver_used(enum cls c)
 {
     if (c == CLS_HOST)
-        return testdrv_live_bytes(TESTDRV_HOST) + testdrv_live_bytes(TESTDRV_REGISTERED);
-    return testdrv_live_bytes(TESTDRV_DEVICE) + testdrv_live_bytes(TESTDRV_MANAGED) +
-           testdrv_live_bytes(TESTDRV_ARRAY) + testdrv_live_bytes(TESTDRV_VMM) +
+        return program_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
+    return program_live_bytes(TESTDRV_DEVICE) + program_live_bytes(TESTDRV_MANAGED) +
+           program_live_bytes(TESTDRV_ARRAY) + program_live_bytes(TESTDRV_VMM) +
            testdrv_pending_free_bytes();
 }
 
@@ -1942,6 +1944,7 @@ int main(int argc, char **argv)
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "32", 0);
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
     const char *savings = hx_savings_by_seed();
+    const char *reuse = hx_word_by_seed();
     load_wrapped();
     hx_watchdog_start();
 
@@ -1983,8 +1986,8 @@ int main(int argc, char **argv)
     testdrv_set_device_capacity(cap);
     testdrv_set_host_capacity(cap);
     printf("property: %llu operations, %d threads, seed %llu, epochs of %u ms, capacity %zu, "
-           "%d wrapped names (%s), savings %s, green contexts %s\n", hx.ops, hx.threads,
-           (unsigned long long)hx.seed, epoch_ms, cap, nwrapped, wrapped_path, savings,
+           "%d wrapped names (%s), savings %s, reuse %s, green contexts %s\n", hx.ops, hx.threads,
+           (unsigned long long)hx.seed, epoch_ms, cap, nwrapped, wrapped_path, savings, reuse,
            have_green ? "yes" : "no (skipped)");
     fflush(stdout);
 

@@ -26,7 +26,8 @@
  * CUDEFER_DEVICE_CACHE_PEAK, unless set, is 0 for seeds 3, 7, 11... (the
  * cache held to 64k alone: the most evictions), 100 for seeds 2, 6, 10...
  * and the default otherwise. Even seeds gather what cudefer saved
- * (hx_savings_by_seed).
+ * (hx_savings_by_seed). Seeds 3, 6, 9... reuse without the fences' words
+ * (hx_word_by_seed).
  *
  * The program. Every thread works in a home context (the primary context of
  * device 0, or a context of device 1 that main creates) with two streams of
@@ -122,6 +123,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "own.h"
 #include "testdriver.h"
 
 #define STREAMS 2       /* a thread's streams in each context it works in */
@@ -1653,7 +1655,7 @@ static void warm_up(struct hx_ctx *c)
 
 static bool settled(const size_t *base)
 {
-    return testdrv_live(TESTDRV_DEVICE) <= base[0] && testdrv_live(TESTDRV_MANAGED) <= base[2] &&
+    return program_live(TESTDRV_DEVICE) <= base[0] && program_live(TESTDRV_MANAGED) <= base[2] &&
            testdrv_pending_free_bytes() == 0;
 }
 
@@ -1673,6 +1675,7 @@ int main(int argc, char **argv)
     setenv("CUDEFER_DEVICE_CACHE_PEAK", hx.seed % 4 == 3 ? "0" : hx.seed % 4 == 2 ? "100" : "200",
            0);
     const char *savings = hx_savings_by_seed();
+    const char *reuse = hx_word_by_seed();
     hx_watchdog_start();
 
     CUdevice dev0 = 0, dev1 = 1;
@@ -1702,15 +1705,15 @@ int main(int argc, char **argv)
         usleep(1000);
     size_t base[NLIVE];
     for (size_t k = 0; k < NLIVE; k++)
-        base[k] = testdrv_live(live_kinds[k].kind);
+        base[k] = program_live(live_kinds[k].kind);
     capacity[CLS_DEVICE] = capacity[CLS_HOST] = cap;
     testdrv_set_device_capacity(cap);
     testdrv_set_host_capacity(cap);
 
     printf("race: %llu operations, %d threads, seed %llu, capacity %zu, CUDEFER_DEVICE_CACHE=%s, "
-           "CUDEFER_DEVICE_CACHE_PEAK=%s, savings %s, green contexts %s%s%s\n", hx.ops,
+           "CUDEFER_DEVICE_CACHE_PEAK=%s, savings %s, reuse %s, green contexts %s%s%s\n", hx.ops,
            hx.threads, (unsigned long long)hx.seed, cap, getenv("CUDEFER_DEVICE_CACHE"),
-           getenv("CUDEFER_DEVICE_CACHE_PEAK"), savings, have_green ? "yes" : "no (skipped)",
+           getenv("CUDEFER_DEVICE_CACHE_PEAK"), savings, reuse, have_green ? "yes" : "no (skipped)",
            getenv("RACE_SKIP") ? ", RACE_SKIP=" : "",
            getenv("RACE_SKIP") ? getenv("RACE_SKIP") : "");
     fflush(stdout);
@@ -1752,7 +1755,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 5000 && !settled(base); i++)
         usleep(1000);
     for (size_t k = 0; k < NLIVE; k++) {
-        size_t now = testdrv_live(live_kinds[k].kind);
+        size_t now = program_live(live_kinds[k].kind);
         if (now != base[k])
             hx_fail(NULL, "leak",
                     "after every release, cuCtxSynchronize and cudefer_flush the driver holds "

@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "own.h"
 #include "testdriver.h"
 
 #define BYTES (64u << 10)
@@ -113,7 +114,7 @@ static void release_deferred(void)
           "testdrv_launch");
     uint64_t frees = testdrv_calls("cuMemFreeHost");
     check(cuMemFreeHost(h), "cuMemFreeHost");
-    expect(testdrv_live(TESTDRV_HOST) == 1, "the pinned release was not deferred (block gone)");
+    expect(program_live(TESTDRV_HOST) == 1, "the pinned release was not deferred (block gone)");
     expect(testdrv_calls("cuMemFreeHost") == frees,
            "the pinned release reached the driver at once");
     check(cuStreamDestroy(s), "cuStreamDestroy");
@@ -129,7 +130,7 @@ static int mode_release(void)
         expect(in_shim(dlsym(drv, "cuMemFree_v2")),
                "dlsym(driver, \"cuMemFree_v2\") is not cudefer's wrapper");
     expect(flush() == 0, "cudefer_flush failed");
-    expect(testdrv_live(TESTDRV_HOST) == 0, "cudefer_flush left the pinned block");
+    expect(program_live(TESTDRV_HOST) == 0, "cudefer_flush left the pinned block");
     expect(testdrv_faults() == 0, "a kernel touched freed memory");
     return failures != 0;
 }
@@ -156,8 +157,8 @@ static CUstream releases_under_a_kernel(void)
 static int mode_passthrough(void)
 {
     CUstream s = releases_under_a_kernel();
-    expect(testdrv_live(TESTDRV_DEVICE) == 0, "the device block is still the driver's");
-    expect(testdrv_live(TESTDRV_HOST) == 0, "the pinned block is still the driver's");
+    expect(program_live(TESTDRV_DEVICE) == 0, "the device block is still the driver's");
+    expect(program_live(TESTDRV_HOST) == 0, "the pinned block is still the driver's");
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     check(cuStreamDestroy(s), "cuStreamDestroy");
     expect(testdrv_faults() == 0, "a kernel touched freed memory");
@@ -177,7 +178,7 @@ static int mode_drivers(void)
            "the program's driver did not see cuMemAllocHost_v2");
     flush();
     for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
-        if (testdrv_live(k))
+        if (program_live(k))
             expect(false, "an object is left in the program's driver");
     expect(testdrv_faults() == 0, "a kernel touched freed memory");
     return failures != 0;
@@ -207,7 +208,7 @@ static int mode_fd2(const char *how, const char *file)
     primary();
     release_deferred();
     check(cuCtxSynchronize(), "cuCtxSynchronize");
-    expect(testdrv_live(TESTDRV_HOST) == 0, "cuCtxSynchronize left the pinned block");
+    expect(program_live(TESTDRV_HOST) == 0, "cuCtxSynchronize left the pinned block");
     dprintf(STDERR_FILENO, "data 2\n");
     return failures != 0;
 }
@@ -250,7 +251,7 @@ static int mode_waiter(void)
     expect(testdrv_thread_wait_calls() == waits, "cuMemFree waited");
     double end = launched + kernel_us / 1e6, back = 0;
     while (now_s() < end + 5.0) {
-        if (testdrv_live(TESTDRV_DEVICE) == 0 && testdrv_pending_free_bytes() == 0) {
+        if (program_live(TESTDRV_DEVICE) == 0 && testdrv_pending_free_bytes() == 0) {
             back = now_s();
             break;
         }
@@ -286,7 +287,7 @@ static int mode_contexts(void)
         uint64_t frees = testdrv_calls("cuMemFree_v2"), waits = testdrv_thread_wait_calls();
         check(cuMemFree(d), "cuMemFree");
         check(cuMemFreeHost(h), "cuMemFreeHost");
-        if (testdrv_live(TESTDRV_HOST) != alive || testdrv_calls("cuMemFree_v2") != frees ||
+        if (program_live(TESTDRV_HOST) != alive || testdrv_calls("cuMemFree_v2") != frees ||
             testdrv_thread_wait_calls() != waits) {
             if (!not_deferred++)
                 printf("robust_child: context %d (%zu alive): a release was not deferred\n",
@@ -306,8 +307,8 @@ static int mode_contexts(void)
     for (int i = CONTEXTS - (ALIVE - 1); i < CONTEXTS; i++)
         check(cuCtxDestroy(ctx[i]), "cuCtxDestroy");
     for (enum testdrv_kind k = TESTDRV_DEVICE; k < TESTDRV_KIND_COUNT; k++)
-        if (testdrv_live(k)) {
-            printf("robust_child: kind %d: %zu objects left\n", (int)k, testdrv_live(k));
+        if (program_live(k)) {
+            printf("robust_child: kind %d: %zu objects left\n", (int)k, program_live(k));
             failures++;
         }
     expect(testdrv_dead_context_calls() == 0, "a call named a destroyed context");

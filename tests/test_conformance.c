@@ -145,7 +145,7 @@ static void other_context_block_freed(struct conform_run *r)
     expect_code("a second cuMemFree", cuMemFree(r->dptr), CUDA_ERROR_INVALID_VALUE);
     CU_OK(cuCtxDestroy(r->other));
     cudefer_flush();
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "%s: device blocks left", current->name);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "%s: device blocks left", current->name);
     cr_expect_eq(testdrv_dead_context_calls(), 0, "%s: a call named a destroyed context",
                  current->name);
 }
@@ -153,7 +153,7 @@ static void other_context_block_freed(struct conform_run *r)
 static void other_context_host_freed(struct conform_run *r)
 {
     CU_OK(cuCtxDestroy(r->other));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "%s: pinned blocks left", current->name);
+    cr_expect_eq(program_live(TESTDRV_HOST), 0, "%s: pinned blocks left", current->name);
     cr_expect_eq(testdrv_dead_context_calls(), 0, "%s: a call named a destroyed context",
                  current->name);
 }
@@ -164,7 +164,7 @@ static void freed_after_capture(struct conform_run *r)
 {
     (void)r;
     cudefer_flush();
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), shim_loaded() ? 0 : 1,
+    cr_expect_eq(program_live(TESTDRV_DEVICE), shim_loaded() ? 0 : 1,
                  "%s: with the shim the queued free happens after the capture", current->name);
 }
 
@@ -173,7 +173,7 @@ static void freed_after_capture(struct conform_run *r)
 static void host_freed_after_capture(struct conform_run *r)
 {
     (void)r;
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), shim_loaded() ? 0 : 1,
+    cr_expect_eq(program_live(TESTDRV_HOST), shim_loaded() ? 0 : 1,
                  "%s: cuCtxSynchronize releases what was queued during the capture",
                  current->name);
 }
@@ -185,8 +185,8 @@ static void nothing_left_after_other_thread(struct conform_run *r)
     CU_OK(cuCtxSynchronize());
     cudefer_flush();
     if (r->codes[0].rc == CUDA_SUCCESS) {
-        cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "%s: device blocks left", current->name);
-        cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "%s: pinned blocks left", current->name);
+        cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "%s: device blocks left", current->name);
+        cr_expect_eq(program_live(TESTDRV_HOST), 0, "%s: pinned blocks left", current->name);
     }
 }
 
@@ -222,7 +222,7 @@ static void array_gone(struct conform_run *r)
 {
     (void)r;
     flushed();
-    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 0, "%s: the array was not destroyed",
+    cr_expect_eq(program_live(TESTDRV_ARRAY), 0, "%s: the array was not destroyed",
                  current->name);
 }
 
@@ -230,7 +230,7 @@ static void module_gone(struct conform_run *r)
 {
     (void)r;
     flushed();
-    cr_expect_eq(testdrv_live(TESTDRV_MODULE), 0, "%s: the module was not unloaded",
+    cr_expect_eq(program_live(TESTDRV_MODULE), 0, "%s: the module was not unloaded",
                  current->name);
 }
 
@@ -238,7 +238,7 @@ static void library_gone(struct conform_run *r)
 {
     (void)r;
     flushed();
-    cr_expect_eq(testdrv_live(TESTDRV_LIBRARY), 0, "%s: the library was not unloaded",
+    cr_expect_eq(program_live(TESTDRV_LIBRARY), 0, "%s: the library was not unloaded",
                  current->name);
 }
 

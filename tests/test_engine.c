@@ -29,7 +29,7 @@ static int cudefer_flush(void)
  * cudefer's waiter settles a moment later). */
 static void live_settles(enum testdrv_kind kind, size_t at_most, int ms)
 {
-    for (int i = 0; i < ms && testdrv_live(kind) > at_most; i++)
+    for (int i = 0; i < ms && program_live(kind) > at_most; i++)
         usleep(1000);
 }
 
@@ -378,9 +378,9 @@ Test(flush, ctx_synchronize_releases_the_queue, .timeout = 10)
     void *h;
     CU_OK(cuMemAllocHost(&h, 4096));
     CU_OK(cuMemFreeHost(h));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the release was not deferred");
+    cr_expect_eq(program_live(TESTDRV_HOST), 1, "the release was not deferred");
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "cuCtxSynchronize left it queued");
+    cr_expect_eq(program_live(TESTDRV_HOST), 0, "cuCtxSynchronize left it queued");
 }
 
 Test(flush, explicit_flush, .timeout = 10)
@@ -391,9 +391,9 @@ Test(flush, explicit_flush, .timeout = 10)
                                .NumChannels = 1};
     CU_OK(cuArrayCreate(&a, &d));
     CU_OK(cuArrayDestroy(a));
-    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 1);
+    cr_expect_eq(program_live(TESTDRV_ARRAY), 1);
     cr_expect_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), 0);
+    cr_expect_eq(program_live(TESTDRV_ARRAY), 0);
 }
 
 Test(flush, device_memory_comes_back_without_a_sync, .timeout = 10)
@@ -404,9 +404,9 @@ Test(flush, device_memory_comes_back_without_a_sync, .timeout = 10)
     CU_OK(cuMemAlloc(&p, 1 << 20));
     CU_OK(cuMemFree(p));
     /* The waiter synchronises the completed free: no program sync needed. */
-    for (int i = 0; i < 500 && testdrv_live(TESTDRV_DEVICE) + testdrv_pending_free_bytes(); i++)
+    for (int i = 0; i < 500 && program_live(TESTDRV_DEVICE) + testdrv_pending_free_bytes(); i++)
         usleep(1000);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0);
     cr_expect_eq(testdrv_pending_free_bytes(), 0);
 }
 
@@ -427,13 +427,13 @@ Test(flush, over_the_limit_a_release_still_does_not_wait, .timeout = 10)
         CU_OK(cuMemFreeHost(h[i]));
     cr_expect_eq(testdrv_thread_wait_calls(), calls, "a release past the limit waited");
     cr_expect_eq(testdrv_calls("cuMemFreeHost"), frees, "a release reached the driver");
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 6, "the releases are held");
+    cr_expect_eq(program_live(TESTDRV_HOST), 6, "the releases are held");
     void *more;
     CU_OK(cuMemAllocHost(&more, 8192));
     cr_expect_eq(testdrv_thread_wait_calls(), calls, "the allocation waited");
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 7, "the allocation released the queue");
+    cr_expect_eq(program_live(TESTDRV_HOST), 7, "the allocation released the queue");
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the flush point gave the queue back");
+    cr_expect_eq(program_live(TESTDRV_HOST), 1, "the flush point gave the queue back");
     CU_OK(cuMemFreeHost(more));
 }
 
@@ -547,7 +547,7 @@ static void host_oom_retry(bool host_alloc)
     CUresult rc = host_alloc ? cuMemHostAlloc(&h, 40 << 20, 0) : cuMemAllocHost(&h, 40 << 20);
     cr_expect_eq(rc, CUDA_SUCCESS);
     cr_expect_eq(testdrv_calls(name), before + 2);
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1);
+    cr_expect_eq(program_live(TESTDRV_HOST), 1);
 }
 
 Test(oom, cuMemAllocHost, .timeout = 10) { host_oom_retry(false); }
@@ -587,13 +587,13 @@ Test(registered, overlapping_registration_after_unregister, .timeout = 10)
     char *mem = aligned_alloc(4096, 1 << 20);
     CU_OK(cuMemHostRegister(mem, 1 << 20, 0));
     CU_OK(cuMemHostUnregister(mem));
-    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 1, "the unregister was not deferred");
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 1, "the unregister was not deferred");
     /* The program may now register the same range, or part of it, again. */
     CU_OK(cuMemHostRegister(mem + 4096, 8192, 0));
-    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 1);
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 1);
     CU_OK(cuMemHostUnregister(mem + 4096));
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 0);
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 0);
     free(mem);
 }
 
@@ -610,7 +610,7 @@ static void queue_one_of_each(void)
 static void expect_nothing_left(void)
 {
     for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
-        cr_expect_eq(testdrv_live(k), 0, "kind %d: %zu objects left", (int)k, testdrv_live(k));
+        cr_expect_eq(program_live(k), 0, "kind %d: %zu objects left", (int)k, program_live(k));
     cr_expect_eq(testdrv_dead_context_calls(), 0, "the shim called into a destroyed context");
 }
 
@@ -704,7 +704,7 @@ Test(process, forked_child_starts_empty, .timeout = 10)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child released the parent's queue");
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(program_live(TESTDRV_HOST), 0);
 }
 
 /* ---- capture ------------------------------------------------------------- */
@@ -752,8 +752,8 @@ Test(capture, releases_during_a_capture_keep_it_valid, .timeout = 10)
     cr_expect_eq(testdrv_invalidated_captures(), 0);
     CU_OK(cuCtxSynchronize());
     live_settles(TESTDRV_DEVICE, 0, 500);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
+    cr_expect_eq(program_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -792,8 +792,8 @@ Test(errors, no_current_context, .timeout = 10)
     CU_OK(cuCtxPushCurrent(ctx));
     CU_OK(cuCtxSynchronize());
     live_settles(TESTDRV_DEVICE, 0, 500);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(program_live(TESTDRV_HOST), 0);
 }
 
 Test(errors, host_registrations_arrays_modules)
@@ -865,8 +865,8 @@ Test(threads, sixteen_threads_release_concurrently, .timeout = 60)
     }
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(program_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -927,7 +927,7 @@ static void reuse_after_fence(enum what what)
     /* Device blocks go back through stream-ordered frees, which the waiter
      * settles. */
     live_settles(kind, 0, 500);
-    cr_expect_eq(testdrv_live(kind), 0);
+    cr_expect_eq(program_live(kind), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -1006,7 +1006,7 @@ Test(reuse, managed_waits_for_what_its_own_release_skipped, .timeout = 20)
                  (unsigned long long)(took / MS));
     CU_OK(cuMemFree(e));
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_MANAGED), 0);
+    cr_expect_eq(program_live(TESTDRV_MANAGED), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -1081,7 +1081,7 @@ Test(reuse, off_with_the_kind, .timeout = 10)
     void *a, *b;
     CU_OK(cuMemAllocHost(&a, 4096));
     CU_OK(cuMemFreeHost(a));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "released by the driver at once");
+    cr_expect_eq(program_live(TESTDRV_HOST), 0, "released by the driver at once");
     CU_OK(cuMemAllocHost(&b, 4096));
     CU_OK(cuMemFreeHost(b));
 }
@@ -1114,10 +1114,10 @@ static void kept_across_a_synchronisation(enum what what)
     CU_OK(cuCtxSynchronize());
     /* device blocks go back through frees the waiter settles */
     live_settles(kind, 3, 500);
-    cr_expect_eq(testdrv_live(kind), 3, "kept %llu blocks, want the 3 newest",
-                 (unsigned long long)testdrv_live(kind));
-    cr_expect_eq(testdrv_live(TESTDRV_REGISTERED), 0, "the unregister was not made");
-    cr_expect_eq(testdrv_live(TESTDRV_MODULE), 0, "the unload was not made");
+    cr_expect_eq(program_live(kind), 3, "kept %llu blocks, want the 3 newest",
+                 (unsigned long long)program_live(kind));
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 0, "the unregister was not made");
+    cr_expect_eq(program_live(TESTDRV_MODULE), 0, "the unload was not made");
 
     /* The kept blocks are the newest three, handed out without the driver. */
     uint64_t calls = testdrv_calls(call);
@@ -1137,9 +1137,9 @@ static void kept_across_a_synchronisation(enum what what)
     for (int i = 0; i < 3; i++)
         CU_OK(release(&o[i]));
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(kind), 3);
+    cr_expect_eq(program_live(kind), 3);
     cr_expect_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_live(kind), 0, "cudefer_flush() left kept blocks");
+    cr_expect_eq(program_live(kind), 0, "cudefer_flush() left kept blocks");
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -1166,9 +1166,9 @@ Test(keep, taken_back_when_memory_runs_short, .timeout = 10)
     CU_OK(cuMemAllocHost(&h, 48 << 20));
     CU_OK(cuMemFreeHost(h));
     CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the block was not kept");
+    cr_expect_eq(program_live(TESTDRV_HOST), 1, "the block was not kept");
     CU_OK(cuMemAllocHost(&h, 40 << 20));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 1, "the kept block was not taken back");
+    cr_expect_eq(program_live(TESTDRV_HOST), 1, "the kept block was not taken back");
     CU_OK(cuMemFreeHost(h));
 }
 
@@ -1230,7 +1230,7 @@ static void fault_with_releases_queued(void)
     if (cuCtxDestroy(ctx) != CUDA_SUCCESS || testdrv_dead_context_calls())
         exit(1);
     for (enum testdrv_kind k = TESTDRV_DEVICE; k <= TESTDRV_LIBRARY; k++)
-        if (testdrv_live(k))
+        if (program_live(k))
             exit(1);
     CUcontext again;
     if (cuCtxCreate(&again, NULL, 0, dev) || cuMemHostRegister(pages, 1 << 16, 0) ||
@@ -1362,6 +1362,51 @@ Test(stats, savings_off_gathers_nothing_for_the_report, .timeout = 20)
     cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 20"), "%s", text);
 }
 
+/* Each kind's block released under a kernel, and allocated again once the
+ * kernel has ended: handed out again in every case; with the fences'
+ * words (the default) the words answer all three reuses, without them
+ * none (each asks its fence's event). */
+static void reuses_after_their_kernels(void)
+{
+    static const enum what kinds[] = {DEVICE, HOST, MANAGED};
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    for (size_t i = 0; i < 3; i++) {
+        struct object first = make(kinds[i]);
+        uintptr_t addr = address_of(&first);
+        if (testdrv_launch(s, 20000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE) ||
+            release(&first) || cuStreamSynchronize(s))
+            exit(1);
+        usleep(50000);
+        struct object again = make(kinds[i]);
+        if (address_of(&again) != addr)
+            exit(2);
+        if (release(&again))
+            exit(1);
+    }
+    if (cuCtxSynchronize() || testdrv_faults())
+        exit(3);
+}
+
+static void reuses_after_their_kernels_without_words(void)
+{
+    setenv("CUDEFER_FENCE_WORD", "0", 1);
+    reuses_after_their_kernels();
+}
+
+Test(reuse, the_fences_words_answer, .timeout = 20)
+{
+    char text[16384];
+    report_of(reuses_after_their_kernels, text, sizeof text);
+    cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 3, "%s", text);
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 1, \"managed\": 1, \"host\": 1"),
+                       "%s", text);
+    report_of(reuses_after_their_kernels_without_words, text, sizeof text);
+    cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 1, \"managed\": 1, \"host\": 1"),
+                       "%s", text);
+}
+
 /* Where no statistics are shown (neither CUDEFER_STATS nor CUDEFER_REPORT),
  * a release under a kernel asks the driver for its fence and nothing more:
  * no event query of whether it would have waited, no watch with a record
@@ -1405,7 +1450,7 @@ Test(reuse, device_cache_limit_frees_the_oldest, .timeout = 10)
     }
     cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees + 2, "expected two blocks evicted");
     live_settles(TESTDRV_DEVICE, 2, 500);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 2, "the cache kept more than its limit");
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 2, "the cache kept more than its limit");
     /* The two newest are still there to serve allocations of their size. */
     CUdeviceptr q;
     CU_OK(cuMemAlloc(&q, 512 << 10));
@@ -1432,8 +1477,8 @@ Test(reuse, device_cache_keeps_up_to_the_peak, .timeout = 10)
             CU_OK(cuMemFree(p[i]));
         usleep(20000); /* the fences pass, the waiter has its turn */
         cr_expect_eq(testdrv_calls("cuMemFreeAsync"), frees, "step %d evicted", step);
-        cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 8, "the cache kept %llu of 8 blocks",
-                     (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+        cr_expect_eq(program_live(TESTDRV_DEVICE), 8, "the cache kept %llu of 8 blocks",
+                     (unsigned long long)program_live(TESTDRV_DEVICE));
     }
     /* Memory the program holds anew shrinks the room: four blocks of
      * another size (live 1 MiB of a 4 MiB peak: room 3 MiB) send the
@@ -1443,9 +1488,9 @@ Test(reuse, device_cache_keeps_up_to_the_peak, .timeout = 10)
     for (int i = 0; i < 4; i++)
         CU_OK(cuMemAlloc(&q[i], 256 << 10));
     live_settles(TESTDRV_DEVICE, 4 + 6, 500);
-    cr_expect_leq(testdrv_live(TESTDRV_DEVICE), 4 + 6,
+    cr_expect_leq(program_live(TESTDRV_DEVICE), 4 + 6,
                   "%llu blocks: expected the 4 new and at most 6 of 512 KiB (3 MiB)",
-                  (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+                  (unsigned long long)program_live(TESTDRV_DEVICE));
     for (int i = 0; i < 4; i++)
         CU_OK(cuMemFree(q[i]));
 }
@@ -1467,7 +1512,7 @@ static uint64_t cached_after_growing(const char *percent)
     for (int i = 0; i < 4; i++)
         CU_OK(cuMemAlloc(&q[i], 256 << 10));
     usleep(50000); /* the waiter's turn */
-    return testdrv_live(TESTDRV_DEVICE) - 4;
+    return program_live(TESTDRV_DEVICE) - 4;
 }
 
 Test(reuse, device_cache_peak_percent_keeps_more, .timeout = 10)
@@ -1499,8 +1544,8 @@ Test(reuse, device_cache_peak_is_what_was_held_at_once, .timeout = 10)
         usleep(5000);
     }
     live_settles(TESTDRV_DEVICE, 1, 500);
-    cr_expect_leq(testdrv_live(TESTDRV_DEVICE), 2, "kept %llu blocks beyond the 1 MiB cache",
-                  (unsigned long long)testdrv_live(TESTDRV_DEVICE));
+    cr_expect_leq(program_live(TESTDRV_DEVICE), 2, "kept %llu blocks beyond the 1 MiB cache",
+                  (unsigned long long)program_live(TESTDRV_DEVICE));
     cr_expect_geq(testdrv_calls("cuMemFreeAsync"), frees + 6, "expected six blocks evicted");
 }
 
@@ -1621,7 +1666,7 @@ static void footprint_within_the_peak(const char *percent)
     setenv("CUDEFER_DEVICE_CACHE", "64k", 1);
     setenv("CUDEFER_DEVICE_CACHE_PEAK", percent, 1);
     run.ctx = test_context();
-    size_t base = testdrv_live_bytes(TESTDRV_DEVICE);
+    size_t base = program_live_bytes(TESTDRV_DEVICE);
     pthread_barrier_init(&run.stop, NULL, PEAK_THREADS + 1);
     pthread_barrier_init(&run.go, NULL, PEAK_THREADS + 1);
     pthread_t t[PEAK_THREADS];
@@ -1639,7 +1684,7 @@ static void footprint_within_the_peak(const char *percent)
             bound = live + (64 << 10);
         long long out = 0;
         for (int ms = 0; ms < 1000; ms++) {
-            out = (long long)(testdrv_live_bytes(TESTDRV_DEVICE) - base);
+            out = (long long)(program_live_bytes(TESTDRV_DEVICE) - base);
             if (out <= bound)
                 break;
             usleep(1000);
@@ -1719,7 +1764,7 @@ static uint64_t cached_after_releasing(int n)
         CU_OK(cuMemFree(p[i]));
     free(p);
     usleep(50000);
-    return testdrv_live(TESTDRV_DEVICE);
+    return program_live(TESTDRV_DEVICE);
 }
 
 Test(reuse, device_cache_count_at_the_default, .timeout = 10)
@@ -1778,7 +1823,7 @@ Test(reuse, device_cache_eviction_under_writers, .timeout = 10)
  * alone (no stream wait, no second record); once a second context is
  * known, that context records its work too. */
 struct fence_calls {
-    uint64_t ctx_records, stream_waits;
+    uint64_t ctx_records, stream_waits, writes;
 };
 
 static struct fence_calls fence_calls_of_a_release(void)
@@ -1786,11 +1831,15 @@ static struct fence_calls fence_calls_of_a_release(void)
     CUdeviceptr p;
     CU_OK(cuMemAlloc(&p, 4096));
     uint64_t rec = testdrv_calls("cuCtxRecordEvent"), wait = testdrv_calls("cuStreamWaitEvent");
+    uint64_t write = testdrv_calls("cuStreamWriteValue32_v2");
     CU_OK(cuMemFree(p));
     return (struct fence_calls){testdrv_calls("cuCtxRecordEvent") - rec,
-                                testdrv_calls("cuStreamWaitEvent") - wait};
+                                testdrv_calls("cuStreamWaitEvent") - wait,
+                                testdrv_calls("cuStreamWriteValue32_v2") - write};
 }
 
+/* The fence's word (fence.h): the private stream's wait for the record,
+ * and the write behind it; without the word, neither. */
 Test(fence, one_record_with_one_context, .timeout = 10)
 {
     test_context();
@@ -1798,7 +1847,8 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     /* A watch of the waiting avoided may add a record of its own. */
     cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
               (unsigned long long)one.ctx_records);
-    cr_expect_eq(one.stream_waits, 0);
+    cr_expect_eq(one.stream_waits, 1);
+    cr_expect_eq(one.writes, 1);
     /* A registration's release, whose caller waits for its fence at once,
      * keeps the private stream's wait and record (fence.h). */
     char *pages = aligned_alloc(4096, 4096);
@@ -1817,11 +1867,26 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     struct fence_calls two = fence_calls_of_a_release();
     cr_expect_geq(two.ctx_records, 2, "the other context was not fenced");
     /* The other context's record is joined on the host: no stream of the
-     * first context waits for it (its synchronisation would). */
-    cr_expect_eq(two.stream_waits, 0);
+     * first context waits for it (its synchronisation would); the one wait
+     * is the word's, for the first context's own record. */
+    cr_expect_eq(two.stream_waits, 1);
+    cr_expect_eq(two.writes, 1);
     CU_OK(cuCtxSetCurrent(second));
     CU_OK(cuMemFree(q));
     CU_OK(cuCtxDestroy(second));
+}
+
+Test(fence, one_record_alone_without_the_word, .timeout = 10)
+{
+    setenv("CUDEFER_FENCE_WORD", "0", 1);
+    test_context();
+    struct fence_calls one = fence_calls_of_a_release();
+    cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
+              (unsigned long long)one.ctx_records);
+    cr_expect_eq(one.stream_waits, 0);
+    cr_expect_eq(one.writes, 0);
+    /* Nor is the word made. */
+    cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 0);
 }
 
 /* ---- fences across contexts, joined on the host ---------------------------- */
@@ -1866,12 +1931,12 @@ static void own_synchronisation(enum what what)
     cr_expect(!flag_set && took < 1000 * MS, "the synchronisation took %.0f ms",
               (double)took / MS);
     enum testdrv_kind kind = live_kind(what);
-    cr_expect_eq(testdrv_live(kind), 1, "released while another context's kernel could use it");
+    cr_expect_eq(program_live(kind), 1, "released while another context's kernel could use it");
     spin_end(b, &sp);
     CU_OK(cuCtxSetCurrent(a));
     CU_OK(cuCtxSynchronize());
     live_settles(kind, 0, 500);
-    cr_expect_eq(testdrv_live(kind), 0, "kept after the other context's kernel ended");
+    cr_expect_eq(program_live(kind), 0, "kept after the other context's kernel ended");
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -1979,11 +2044,11 @@ Test(across, uncached_block_freed_by_the_waiter, .timeout = 20)
     CU_OK(cuCtxSetCurrent(a));
     CU_OK(cuMemFree(buf));
     usleep(50000);
-    size_t live = testdrv_live(TESTDRV_DEVICE);
+    size_t live = program_live(TESTDRV_DEVICE);
     cr_expect_eq(live, 1, "%zu live device blocks: freed under another context's kernel", live);
     sp.flag = 1;
     live_settles(TESTDRV_DEVICE, 0, 1000);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the waiter did not free it");
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "the waiter did not free it");
     spin_end(b, &sp);
     cr_expect_eq(testdrv_faults(), 0);
 }
@@ -2047,8 +2112,8 @@ Test(oom, storm_from_several_threads, .timeout = 60)
     cr_expect_lt(atomic_load(&st.oom), 8 * 40, "every allocation failed");
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0);
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0);
+    cr_expect_eq(program_live(TESTDRV_HOST), 0);
     cr_expect_eq(testdrv_faults(), 0);
 }
 
@@ -2091,5 +2156,5 @@ Test(capture, belongs_to_its_streams_context, .timeout = 10)
     cr_expect_eq(testdrv_invalidated_captures(), 0);
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
+    cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
 }

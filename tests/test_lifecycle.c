@@ -118,7 +118,7 @@ static void queue_one_of_each(CUstream s, unsigned usec)
 /* Waits (bounded) until the device frees in flight have completed. */
 static void wait_device_frees(void)
 {
-    for (int i = 0; i < 2000 && (testdrv_live(TESTDRV_DEVICE) || testdrv_pending_free_bytes());
+    for (int i = 0; i < 2000 && (program_live(TESTDRV_DEVICE) || testdrv_pending_free_bytes());
          i++)
         usleep(1000);
 }
@@ -127,8 +127,8 @@ static void expect_all_released(const char *when)
 {
     wait_device_frees();
     for (size_t i = 0; i < NKINDS; i++)
-        cr_expect_eq(testdrv_live(kinds[i]), 0, "%s: kind %d: %zu objects left", when,
-                     (int)kinds[i], testdrv_live(kinds[i]));
+        cr_expect_eq(program_live(kinds[i]), 0, "%s: kind %d: %zu objects left", when,
+                     (int)kinds[i], program_live(kinds[i]));
     cr_expect_eq(testdrv_faults(), 0, "%s: a kernel touched released memory", when);
     cr_expect_eq(testdrv_dead_context_calls(), 0, "%s: a call named a destroyed context", when);
 }
@@ -215,7 +215,7 @@ Test(fork, child_never_releases_the_parents_entries, .timeout = 10)
     struct counts base = release_counts();
     queue_one_of_each(s, 200000);
     struct counts before = release_counts();
-    cr_assert_eq(testdrv_live(TESTDRV_HOST), 2, "the releases were not deferred");
+    cr_assert_eq(program_live(TESTDRV_HOST), 2, "the releases were not deferred");
 
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
@@ -269,12 +269,12 @@ Test(fork, driver_initialised_only_in_the_child, .timeout = 10)
         uint64_t waits = testdrv_thread_wait_calls();
         if (cuMemFree(d) || cuMemFreeHost(h))
             bad |= 1;
-        if (testdrv_thread_wait_calls() != waits || testdrv_live(TESTDRV_HOST) != 1)
+        if (testdrv_thread_wait_calls() != waits || program_live(TESTDRV_HOST) != 1)
             bad |= 2; /* not deferred */
         int (*flush)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "cudefer_flush");
         if (!flush || flush() != 0)
             bad |= 4;
-        if (testdrv_live(TESTDRV_HOST) != 0 || testdrv_live(TESTDRV_DEVICE) != 0)
+        if (program_live(TESTDRV_HOST) != 0 || program_live(TESTDRV_DEVICE) != 0)
             bad |= 8; /* the flush left something */
         if (testdrv_faults() != 0)
             bad |= 16;
@@ -385,7 +385,7 @@ Test(exec, program_using_the_shim_with_entries_queued, .timeout = 20)
         if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
             cuCtxSetCurrent(ctx) || cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) ||
             cuMemAllocHost(&h, BYTES) || testdrv_launch(s, 5000000, 0, 0, TESTDRV_NONE) ||
-            cuMemFreeHost(h) || testdrv_live(TESTDRV_HOST) != 1)
+            cuMemFreeHost(h) || program_live(TESTDRV_HOST) != 1)
             _exit(126);
         dup2(pipefd[1], STDERR_FILENO);
         execl(LIFECYCLE_CHILD, LIFECYCLE_CHILD, "flush", (char *)NULL);
@@ -456,8 +456,8 @@ Test(threads, releases_of_exited_threads_are_released, .timeout = 10)
         pthread_join(t[i], &ret);
         cr_assert_null(ret, "thread %d could not set its context", i);
     }
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 2 * LEAVERS, "the releases were not deferred");
-    cr_expect_eq(testdrv_live(TESTDRV_ARRAY), LEAVERS);
+    cr_expect_eq(program_live(TESTDRV_HOST), 2 * LEAVERS, "the releases were not deferred");
+    cr_expect_eq(program_live(TESTDRV_ARRAY), LEAVERS);
 
     /* From a thread of its own, as a program's other thread would. */
     struct syncer sy = {ctx, CUDA_ERROR_UNKNOWN};
@@ -494,17 +494,17 @@ Test(contexts, created_and_destroyed_in_a_loop, .timeout = 20)
         uint64_t frees = testdrv_calls("cuMemFree_v2"), waits = testdrv_thread_wait_calls();
         CU_OK(cuMemFreeHost(h));
         CU_OK(cuMemFree(d));
-        cr_assert_eq(testdrv_live(TESTDRV_HOST), 1, "round %d: cuMemFreeHost was not deferred",
+        cr_assert_eq(program_live(TESTDRV_HOST), 1, "round %d: cuMemFreeHost was not deferred",
                      round + 1);
         cr_assert_eq(testdrv_calls("cuMemFree_v2"), frees,
                      "round %d: cuMemFree went to the driver", round + 1);
         cr_assert_eq(testdrv_thread_wait_calls(), waits, "round %d: a release waited",
                      round + 1);
         CU_OK(cuCtxDestroy(ctx));
-        cr_assert_eq(testdrv_live(TESTDRV_HOST), 0, "round %d: left after cuCtxDestroy",
+        cr_assert_eq(program_live(TESTDRV_HOST), 0, "round %d: left after cuCtxDestroy",
                      round + 1);
     }
-    cr_expect_eq(testdrv_live(TESTDRV_CONTEXT), 0);
+    cr_expect_eq(program_live(TESTDRV_CONTEXT), 0);
     cr_expect_eq(testdrv_dead_context_calls(), 0, "the shim called into a destroyed context");
 }
 
@@ -522,10 +522,10 @@ Test(contexts, primary_retained_and_released_in_a_loop, .timeout = 20)
         CU_OK(cuCtxSetCurrent(ctx));
         CU_OK(cuMemAllocHost(&h, BYTES));
         CU_OK(cuMemFreeHost(h));
-        cr_assert_eq(testdrv_live(TESTDRV_HOST), 1, "round %d: cuMemFreeHost was not deferred",
+        cr_assert_eq(program_live(TESTDRV_HOST), 1, "round %d: cuMemFreeHost was not deferred",
                      round + 1);
         CU_OK(cuDevicePrimaryCtxRelease(dev));
-        cr_assert_eq(testdrv_live(TESTDRV_HOST), 0, "round %d: left after the last release",
+        cr_assert_eq(program_live(TESTDRV_HOST), 0, "round %d: left after the last release",
                      round + 1);
     }
     cr_expect_eq(testdrv_dead_context_calls(), 0, "the shim called into a destroyed context");

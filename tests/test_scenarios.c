@@ -56,14 +56,14 @@ static bool poll_ms(bool (*done)(void), unsigned ms)
 /* Device memory neither live nor waiting for a synchronisation. */
 static bool device_memory_back(void)
 {
-    return testdrv_live(TESTDRV_DEVICE) == 0 && testdrv_pending_free_bytes() == 0;
+    return program_live(TESTDRV_DEVICE) == 0 && testdrv_pending_free_bytes() == 0;
 }
 
 static void expect_device_memory_back(const char *what)
 {
     cr_expect(poll_ms(device_memory_back, 1000),
               "%s: device memory still held: %zu blocks, %zu bytes pending", what,
-              testdrv_live(TESTDRV_DEVICE), testdrv_pending_free_bytes());
+              program_live(TESTDRV_DEVICE), testdrv_pending_free_bytes());
 }
 
 static CUdevice device0(void)
@@ -536,8 +536,8 @@ Test(scenarios, second_release_after_flush_stays_away_from_the_driver, .timeout 
     CU_OK(cuArrayDestroy(a));
     CU_OK(cuLibraryUnload(lib));
     cr_assert_eq(cudefer_flush(), 0);
-    cr_assert_eq(testdrv_live(TESTDRV_ARRAY), 0, "the flush did not release the array");
-    cr_assert_eq(testdrv_live(TESTDRV_LIBRARY), 0, "the flush did not unload the library");
+    cr_assert_eq(program_live(TESTDRV_ARRAY), 0, "the flush did not release the array");
+    cr_assert_eq(program_live(TESTDRV_LIBRARY), 0, "the flush did not unload the library");
 
     uint64_t arrays = testdrv_calls("cuArrayDestroy");
     uint64_t libraries = testdrv_calls("cuLibraryUnload");
@@ -767,7 +767,7 @@ static void out_of_memory_never_within_each_threads_share(bool host)
     if (host)
         testdrv_set_host_capacity(SHARE_THREADS * SHARE_BYTES);
     else
-        testdrv_set_device_capacity(testdrv_live_bytes(TESTDRV_DEVICE) +
+        testdrv_set_device_capacity(program_live_bytes(TESTDRV_DEVICE) +
                                     SHARE_THREADS * SHARE_BYTES);
     pthread_t t[SHARE_THREADS];
     struct share_thread st[SHARE_THREADS];
@@ -899,7 +899,7 @@ Test(scenarios, out_of_memory_while_another_thread_captures_before_12_5, .timeou
 static bool pinned_memory_back(void)
 {
     cudefer_flush();
-    return testdrv_live(TESTDRV_HOST) == 0;
+    return program_live(TESTDRV_HOST) == 0;
 }
 
 /* A fence made while another thread releases (not for the last time) the
@@ -943,7 +943,7 @@ Test(scenarios, capture_elsewhere_does_not_hold_back_other_contexts_fences, .tim
         atomic_store(&rl.stop, 1);
         pthread_join(loop, NULL);
         bool back = poll_ms(pinned_memory_back, 2000);
-        size_t left = testdrv_live(TESTDRV_HOST);
+        size_t left = program_live(TESTDRV_HOST);
         atomic_store(&ci.end, 1);
         pthread_join(cap, NULL);
         cr_expect(back, "round %d: %zu pinned blocks released before another context's "
@@ -1060,7 +1060,7 @@ static void expect_releases_after_captures(const char *what)
     }
     cr_expect(poll_ms(device_memory_back, 1000),
               "%s: the released blocks stayed queued as if a capture were live "
-              "(%zu blocks held, %zu bytes pending)", what, testdrv_live(TESTDRV_DEVICE),
+              "(%zu blocks held, %zu bytes pending)", what, program_live(TESTDRV_DEVICE),
               testdrv_pending_free_bytes());
     CU_OK(cuCtxSynchronize());
     expect_device_memory_back(what);
@@ -1145,7 +1145,7 @@ static size_t live_at_start[COUNTED_KINDS];
 static bool live_as_at_start(void)
 {
     for (size_t i = 0; i < COUNTED_KINDS; i++)
-        if (testdrv_live(counted_kinds[i]) != live_at_start[i])
+        if (program_live(counted_kinds[i]) != live_at_start[i])
             return false;
     return testdrv_pending_free_bytes() == 0;
 }
@@ -1155,8 +1155,8 @@ static void green_contexts_release_everything(void)
     CUcontext primary = test_context();
     CUdevice dev = device0();
     for (size_t i = 0; i < COUNTED_KINDS; i++)
-        live_at_start[i] = testdrv_live(counted_kinds[i]);
-    size_t contexts_at_start = testdrv_live(TESTDRV_CONTEXT);
+        live_at_start[i] = program_live(counted_kinds[i]);
+    size_t contexts_at_start = program_live(TESTDRV_CONTEXT);
 
     CUdevResource all, groups[3], rest;
     unsigned n = 3;
@@ -1196,8 +1196,8 @@ static void green_contexts_release_everything(void)
     CU_OK(cuCtxSynchronize());
     cr_expect(poll_ms(live_as_at_start, 1000),
               "left over: %zu device blocks, %zu pinned, %zu contexts (%zu at the start)",
-              testdrv_live(TESTDRV_DEVICE), testdrv_live(TESTDRV_HOST),
-              testdrv_live(TESTDRV_CONTEXT), contexts_at_start);
+              program_live(TESTDRV_DEVICE), program_live(TESTDRV_HOST),
+              program_live(TESTDRV_CONTEXT), contexts_at_start);
     cr_expect_eq(testdrv_dead_context_calls(), 0, "%llu calls named a destroyed context",
                  (unsigned long long)testdrv_dead_context_calls());
     cr_expect_eq(testdrv_faults(), 0, "a kernel wrote freed memory");
@@ -1370,7 +1370,7 @@ static int primary_active(CUdevice dev)
 static bool everything_released(void)
 {
     for (int k = 0; k < TESTDRV_KIND_COUNT; k++)
-        if (testdrv_live((enum testdrv_kind)k))
+        if (program_live((enum testdrv_kind)k))
             return false;
     return testdrv_pending_free_bytes() == 0;
 }
@@ -1415,8 +1415,8 @@ Test(scenarios, primary_release_that_is_not_the_last, .timeout = 20)
     cr_expect_eq(cuMemFree(d), CUDA_SUCCESS, "a live block of a live context");
     CU_OK(cuCtxSynchronize());
     cr_expect(poll_ms(device_memory_back, 1000), "the block was not released (%zu left)",
-              testdrv_live(TESTDRV_DEVICE));
-    cr_expect_eq(testdrv_live(TESTDRV_HOST), 0, "the queued pinned block was not released");
+              program_live(TESTDRV_DEVICE));
+    cr_expect_eq(program_live(TESTDRV_HOST), 0, "the queued pinned block was not released");
     cr_expect_eq(cuMemFree(d), CUDA_ERROR_INVALID_VALUE, "freed: the driver's answer");
 
     CU_OK(cuGreenCtxDestroy(green)); /* the last reference */
@@ -1490,9 +1490,9 @@ Test(scenarios, sticky_error_then_destroy_leaves_nothing, .timeout = 20)
 
     cr_expect_eq(cuCtxDestroy(ctx), CUDA_SUCCESS);
     cr_expect(poll_ms(everything_released, 1000), "left: %zu registrations, %zu libraries, "
-              "%zu streams, %zu events, %zu contexts", testdrv_live(TESTDRV_REGISTERED),
-              testdrv_live(TESTDRV_LIBRARY), testdrv_live(TESTDRV_STREAM),
-              testdrv_live(TESTDRV_EVENT), testdrv_live(TESTDRV_CONTEXT));
+              "%zu streams, %zu events, %zu contexts", program_live(TESTDRV_REGISTERED),
+              program_live(TESTDRV_LIBRARY), program_live(TESTDRV_STREAM),
+              program_live(TESTDRV_EVENT), program_live(TESTDRV_CONTEXT));
 
     CUcontext again;
     CU_OK(cuCtxCreate(&again, NULL, 0, dev));

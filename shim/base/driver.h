@@ -43,7 +43,7 @@ void *cd_driver_sym(const char *name);
 /* Driver entry points the engine calls. Names are the ELF names the plain
  * cuda.h maps to. Resolved once by cd_driver_ops(); an optional one is NULL
  * when the driver lacks it (cuCtxRecordEvent before 12.5, green contexts
- * before 12.4). */
+ * before 12.4, cuStreamWriteValue32_v2 before 11.7). */
 struct cd_driver_ops {
     __typeof__(cuDriverGetVersion) *driver_get_version;
     __typeof__(cuCtxGetCurrent) *ctx_get_current;
@@ -69,6 +69,10 @@ struct cd_driver_ops {
     __typeof__(cuEventSynchronize) *event_synchronize;
     __typeof__(cuMemAlloc_v2) *mem_alloc;
     __typeof__(cuMemFreeAsync) *mem_free_async;
+    /* The fence's word (fence.h): optional, it is left out without them. */
+    __typeof__(cuMemHostAlloc) *mem_host_alloc;
+    __typeof__(cuMemHostGetDevicePointer_v2) *host_device_pointer;
+    __typeof__(cuStreamWriteValue32_v2) *stream_write_value32;
     __typeof__(cuThreadExchangeStreamCaptureMode) *exchange_capture_mode;
     __typeof__(cuPointerGetAttribute) *pointer_get_attribute;
     /* The releases that may wait for the GPU: called at flush points only. */

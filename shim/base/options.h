@@ -28,6 +28,7 @@ enum cd_option {
     CD_OPT_DEVICE_CACHE,
     CD_OPT_DEVICE_CACHE_PEAK,
     CD_OPT_REUSE_WAIT,
+    CD_OPT_FENCE_WORD,
     CD_OPT_KEEP,
     CD_OPT_LOG,
     CD_OPT_STATS,

@@ -116,10 +116,12 @@ static void print_text(void)
                    (unsigned long long)cd_stats.flushes[r]);
     cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting; "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
-               "thread released); unregisters that waited: %llu (%.3f ms)\n",
+               "thread released); reuses the fences' words answered: %llu; unregisters that "
+               "waited: %llu (%.3f ms)\n",
                (unsigned long long)cd_stats.reclaims, (unsigned long long)cd_stats.reclaims_waited,
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.debt_waits,
+               (unsigned long long)cd_stats.word_answers,
                (unsigned long long)cd_stats.unregister_waits,
                (double)cd_stats.unregister_wait_ns / 1e6);
     cd_log_raw("cudefer:   peak deferred bytes: %lld; peak cached device bytes: %lld; "
@@ -234,6 +236,7 @@ static void write_json(const char *path)
                 (unsigned long long)cd_stats.flushes[r]);
     fprintf(f, "},\n  \"retries\": %llu,\n  \"retries_after_waiting\": %llu,\n"
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
+            "  \"reuse_word_answers\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
             "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
             "  \"peak_program_device_bytes\": %lld\n}\n",
@@ -241,6 +244,7 @@ static void write_json(const char *path)
             (unsigned long long)cd_stats.reclaims_waited,
             (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
             (unsigned long long)cd_stats.debt_waits,
+            (unsigned long long)cd_stats.word_answers,
             (unsigned long long)cd_stats.unregister_waits,
             (double)cd_stats.unregister_wait_ns / 1e6, (long long)cd_stats.peak_deferred_bytes,
             (long long)cd_stats.peak_cached_device_bytes,

@@ -112,6 +112,20 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
  * ends should not keep the allocation from a new block forever. */
 #define DEBT_WAIT_MAX_NS (10ull * 1000000000ull)
 
+/* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
+ * CUDA_ERROR_NOT_READY, or the event's error. The word (fence.h) answers
+ * without a driver call when it is there; else the event is asked. */
+static CUresult own_part(const struct cd_ctx *c, const struct cd_record *r)
+{
+    if (!r->done)
+        return CUDA_SUCCESS;
+    if (cd_fence_word_passed(c, r->word)) {
+        atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
+        return CUDA_SUCCESS;
+    }
+    return cd_driver_ops()->event_query(r->done);
+}
+
 /* Claims the oldest block that may serve a and, inside the capture gate
  * (an event query from a thread in the global capture mode would invalidate
  * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
@@ -127,7 +141,7 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     CUresult q = CUDA_ERROR_NOT_FOUND;
     *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
     if (*r) {
-        *own = (*r)->done ? cd_driver_ops()->event_query((*r)->done) : CUDA_SUCCESS;
+        *own = own_part(c, *r);
         q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
     }
     cd_gate_exit();

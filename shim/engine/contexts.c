@@ -5,6 +5,7 @@
 #include "array.h"
 #include "driver.h"
 #include "log.h"
+#include "options.h"
 #include "stats.h"
 
 #include <sched.h>
@@ -303,6 +304,7 @@ static void init_slot(struct cd_ctx *c)
     pthread_mutex_init(&c->pool_lock, NULL);
     pthread_mutex_init(&c->streams_lock, NULL);
     pthread_mutex_init(&c->far_lock, NULL);
+    pthread_mutex_init(&c->word_lock, NULL);
     atomic_store(&c->far_done, UINT64_MAX);
     cd_list_init(&c->deferred);
     cd_list_init(&c->inflight);
@@ -421,6 +423,37 @@ static bool is_primary(CUcontext ctx, CUdevice dev, const struct cd_driver_ops *
     return p == ctx;
 }
 
+/* The fence's word (fence.h), in the current context c. Without it (an
+ * older driver, no pinned memory left, CUDEFER_FENCE_WORD=0) every reuse
+ * asks the driver about its fence's event. The context's destruction frees
+ * it, as it frees the pinned memory a teardown drops. Does not wait. */
+static void make_word(struct cd_ctx *c, const struct cd_driver_ops *ops)
+{
+    void *host = NULL;
+    CUdeviceptr dev = 0;
+    c->word = NULL;
+    c->word_dev = 0;
+    c->word_seq = 0;
+    if (!cd_option_bool(CD_OPT_FENCE_WORD) || !ops->mem_host_alloc ||
+        !ops->host_device_pointer || !ops->stream_write_value32)
+        return;
+    if (ops->mem_host_alloc(&host, sizeof(uint32_t), CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS) {
+        cd_log(CD_LOG_INFO, "context %p: no pinned word for the fences; reuses ask the driver",
+               (void *)atomic_load(&c->handle));
+        return;
+    }
+    if (ops->host_device_pointer(&dev, host, 0) != CUDA_SUCCESS || !dev) {
+        /* Not reached with unified addressing. Left to the context's
+         * destruction: cuMemFreeHost would wait for the GPU. */
+        cd_log(CD_LOG_INFO, "context %p: its pinned word has no device address; reuses ask "
+               "the driver", (void *)atomic_load(&c->handle));
+        return;
+    }
+    atomic_store((_Atomic uint32_t *)host, 0);
+    c->word = host;
+    c->word_dev = dev;
+}
+
 static bool setup(struct cd_ctx *c, CUcontext ctx, int primary, const struct cd_driver_ops *ops)
 {
     c->ctx_record = cd_driver_version() >= 12050 && ops->ctx_record_event;
@@ -441,9 +474,11 @@ static bool setup(struct cd_ctx *c, CUcontext ctx, int primary, const struct cd_
     }
     c->primary = primary >= 0 ? primary == 1 : is_primary(ctx, c->device, ops);
     fill_pool(c, ops);
-    cd_log(CD_LOG_INFO, "context %p%s: private streams ready (fence: %s)", (void *)ctx,
+    make_word(c, ops);
+    cd_log(CD_LOG_INFO, "context %p%s: private streams ready (fence: %s%s)", (void *)ctx,
            c->primary ? " (primary)" : "",
-           c->ctx_record ? "cuCtxRecordEvent" : "events on the program's streams");
+           c->ctx_record ? "cuCtxRecordEvent" : "events on the program's streams",
+           c->word ? ", and its word" : "");
     return true;
 }
 
@@ -594,6 +629,9 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     }
     c->fence = NULL;
     c->priv = c->spare = NULL;
+    /* Freed by the context's destruction (or gone with it already). */
+    c->word = NULL;
+    c->word_dev = 0;
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
     /* The program's blocks in it went with the context. */
     cd_stats_add_program_device_bytes(-atomic_exchange(&c->live_bytes, 0));

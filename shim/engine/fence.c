@@ -37,9 +37,36 @@ static CUresult fence_own_stream(struct cd_ctx *c, const struct cd_driver_ops *o
     return rc == CUDA_SUCCESS ? ops->stream_wait_event(c->priv, c->fence, 0) : rc;
 }
 
+/* Has the GPU write the next number into c's word once done has passed;
+ * returns the number, or 0 when there is no word or a call failed (the
+ * fence stands without it). Numbers are given and their writes queued on
+ * the private stream under word_lock, so the GPU writes them in their
+ * order, each after its own fence: the word at or past a number means that
+ * fence has passed. The stream's wait is needed only where done is a
+ * context's record (12.5 and newer); before, done is recorded on the
+ * private stream itself. Does not wait. */
+static uint32_t fence_word(struct cd_ctx *c, CUevent done, const struct cd_driver_ops *ops)
+{
+    if (!c->word)
+        return 0;
+    pthread_mutex_lock(&c->word_lock);
+    uint32_t n = c->word_seq + 1 ? c->word_seq + 1 : 1;
+    CUresult rc = c->ctx_record ? ops->stream_wait_event(c->priv, done, 0) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS)
+        rc = ops->stream_write_value32(c->priv, c->word_dev, n, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (rc == CUDA_SUCCESS)
+        c->word_seq = n;
+    pthread_mutex_unlock(&c->word_lock);
+    if (rc != CUDA_SUCCESS)
+        cd_log(CD_LOG_DEBUG, "the word of a fence in context %p: error %d; its reuse asks the "
+               "driver", (void *)atomic_load(&c->handle), (int)rc);
+    return rc == CUDA_SUCCESS ? n : 0;
+}
+
 /* c's part, into a spare event: its record (12.5 and newer, and not for
- * the host), or the private stream's wait and a record behind it. */
-static CUresult fence_own(struct cd_ctx *c, CUevent *done, bool for_host,
+ * the host), or the private stream's wait and a record behind it; and,
+ * with word, its number in c's word. */
+static CUresult fence_own(struct cd_ctx *c, CUevent *done, uint32_t *word, bool for_host,
                           const struct cd_driver_ops *ops)
 {
     CUresult rc = cd_ctx_event_get(c, done);
@@ -55,8 +82,18 @@ static CUresult fence_own(struct cd_ctx *c, CUevent *done, bool for_host,
     if (rc != CUDA_SUCCESS) {
         cd_ctx_event_put(c, *done);
         *done = NULL;
+    } else if (word) {
+        *word = fence_word(c, *done, ops);
     }
     return rc;
+}
+
+bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word)
+{
+    if (!word || !c->word)
+        return false;
+    uint32_t seen = atomic_load_explicit(c->word, memory_order_acquire);
+    return (int32_t)(seen - word) >= 0;
 }
 
 /* ---- the other contexts' part, joined on the host ------------------------------ */
@@ -385,23 +422,26 @@ void cd_fence_reset(void)
 
 /* ---- fences ---------------------------------------------------------------------- */
 
-static CUresult fence(struct cd_ctx *c, CUevent *done, uint64_t *far, bool for_host)
+static CUresult fence(struct cd_ctx *c, CUevent *done, uint64_t *far, uint32_t *word,
+                      bool for_host)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
-    CUresult rc = fence_own(c, done, for_host, ops);
+    if (word)
+        *word = 0;
+    CUresult rc = fence_own(c, done, word, for_host, ops);
     if (far)
         *far = rc == CUDA_SUCCESS && !cd_ctx_alone(c) ? far_fence(c, ops) : 0;
     return rc;
 }
 
-CUresult cd_fence(struct cd_ctx *c, CUevent *done, uint64_t *far)
+CUresult cd_fence(struct cd_ctx *c, CUevent *done, uint64_t *far, uint32_t *word)
 {
-    return fence(c, done, far, false);
+    return fence(c, done, far, word, false);
 }
 
 CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done, uint64_t *far)
 {
-    return fence(c, done, far, true);
+    return fence(c, done, far, NULL, true);
 }
 
 void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner)

@@ -42,6 +42,7 @@ struct cd_record {
     struct cd_ctx *ctx;          /* the context it was allocated in */
     CUevent done;                /* its fence; NULL while not fenced */
     uint64_t far;                /* its fence's number in other contexts (fence.h), or 0 */
+    uint32_t word;               /* its fence's number in its context's word (fence.h), or 0 */
     uint64_t debtor;             /* the thread (cd_thread_token) that released it
                                     while its fence had not passed, or 0 */
     unsigned flags;              /* the allocating call's flags */

@@ -75,6 +75,7 @@ void cd_retire_drop_event(struct cd_ctx *c, struct cd_record *r)
     cd_ctx_event_put(c, r->done);
     r->done = NULL;
     r->far = 0;
+    r->word = 0;
 }
 
 /* A release made while the work before it still runs would have waited in
@@ -224,7 +225,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     if (cd_gate_enter()) {
-        frc = cd_fence(c, &r->done, &r->far);
+        frc = cd_fence(c, &r->done, &r->far, &r->word);
         fenced = frc == CUDA_SUCCESS;
         if (fenced)
             note_saving(c, r);
@@ -446,7 +447,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
         if (!atomic_load(&c->sticky) && cd_gate_enter()) {
-            if (cd_fence(c, &r->done, &r->far) != CUDA_SUCCESS)
+            if (cd_fence(c, &r->done, &r->far, &r->word) != CUDA_SUCCESS)
                 cd_retire_drop_event(c, r);
             cd_gate_exit();
         }

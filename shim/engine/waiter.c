@@ -160,7 +160,7 @@ void cd_waiter_watch(struct cd_ctx *c, enum cd_kind kind)
     w->count[kind] = 1;
     /* A fence of its own: it completes when the work before the release
      * has finished, as the release's does. */
-    if (cd_fence(c, &w->event, NULL) != CUDA_SUCCESS) {
+    if (cd_fence(c, &w->event, NULL, NULL) != CUDA_SUCCESS) {
         free(w);
         return;
     }

@@ -271,6 +271,17 @@ TD_EXPORT size_t testdrv_live_bytes(enum testdrv_kind kind)
     return (unsigned)kind < TESTDRV_KIND_COUNT ? read_size(&td.live_bytes[kind]) : 0;
 }
 
+TD_EXPORT size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes)
+{
+    if (kind != TESTDRV_DEVICE && kind != TESTDRV_HOST && kind != TESTDRV_MANAGED &&
+        kind != TESTDRV_REGISTERED)
+        return 0;
+    pthread_mutex_lock(&td.mu);
+    size_t n = td_live_sized(kind, bytes);
+    pthread_mutex_unlock(&td.mu);
+    return n;
+}
+
 TD_EXPORT size_t testdrv_pending_free_bytes(void) { return read_size(&td.pending_device_bytes); }
 
 TD_EXPORT uint64_t testdrv_dead_context_calls(void) { return read_u64(&td.dead_calls); }

@@ -641,6 +641,9 @@ struct td_alloc *td_alloc_at(uintptr_t p);
 
 /* Live allocation containing [p, p + bytes) (bytes 0: just p), or NULL. */
 struct td_alloc *td_alloc_covering(uintptr_t p, size_t bytes);
+/* Live allocations of kind of exactly bytes (testdrv_live_sized); under
+ * the lock. */
+size_t td_live_sized(enum testdrv_kind kind, size_t bytes);
 
 /* Fresh device-class address range (PROT_NONE reservation), 0 if the
  * arena is exhausted. low: below 4 GiB (for 32-bit CUdeviceptr). */

@@ -282,6 +282,14 @@ static CUresult unknown_pointer(uintptr_t p, CUresult rc)
     return rc;
 }
 
+size_t td_live_sized(enum testdrv_kind kind, size_t bytes)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < reg_n; i++)
+        n += reg[i]->kind == kind && reg[i]->size == bytes && !reg[i]->imported;
+    return n;
+}
+
 void td_mem_teardown_ctx(struct td_ctx *ctx)
 {
     for (size_t i = reg_n; i-- > 0;) {

@@ -236,6 +236,10 @@ uint64_t testdrv_thread_foreign_syncs(void);
 /* Live objects of a kind, and their bytes (0 for kinds without a size). */
 size_t testdrv_live(enum testdrv_kind kind);
 size_t testdrv_live_bytes(enum testdrv_kind kind);
+/* Live memory objects of a kind (DEVICE, HOST, MANAGED or REGISTERED) of
+ * exactly bytes bytes: the tests tell cudefer's own pinned words (one of 4
+ * bytes a context, shim/engine/fence.h) from the program's blocks. */
+size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes);
 
 /* Device bytes freed with cuMemFreeAsync (or by a pool) whose stream has
  * passed the free but that no host synchronisation has covered yet: still

@@ -72,6 +72,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "own.h"
 #include "testdriver.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -441,9 +442,9 @@ static void nowait_end(const struct nowait *m, bool valid)
 static bool needs_reclaim(enum mkind k, size_t bytes)
 {
     bool dev = on_device_capacity(k);
-    size_t used = dev ? testdrv_live_bytes(TESTDRV_DEVICE) + testdrv_live_bytes(TESTDRV_MANAGED) +
-                            testdrv_live_bytes(TESTDRV_ARRAY) + testdrv_pending_free_bytes()
-                      : testdrv_live_bytes(TESTDRV_HOST) + testdrv_live_bytes(TESTDRV_REGISTERED);
+    size_t used = dev ? program_live_bytes(TESTDRV_DEVICE) + program_live_bytes(TESTDRV_MANAGED) +
+                            program_live_bytes(TESTDRV_ARRAY) + testdrv_pending_free_bytes()
+                      : program_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
     return used + bytes + RECLAIM_SLACK > (dev ? device_capacity : host_capacity);
 }
 
@@ -1551,9 +1552,9 @@ static void expect_live_counts(const char *when)
             want[td_kind[objs[i].kind]]++;
     for (int k = 0; k < K_COUNT; k++) {
         enum testdrv_kind tk = td_kind[k];
-        if (testdrv_live(tk) != want[tk])
+        if (program_live(tk) != want[tk])
             FAIL("%s: the driver holds %zu live objects of the %s kind, the program %zu",
-                 when, testdrv_live(tk), kind_names[k], want[tk]);
+                 when, program_live(tk), kind_names[k], want[tk]);
     }
 }
 
@@ -1610,9 +1611,9 @@ static void finish_input(void)
     }
     check_always();
     for (int k = 0; k < TESTDRV_KIND_COUNT; k++)
-        if (testdrv_live((enum testdrv_kind)k))
+        if (program_live((enum testdrv_kind)k))
             FAIL("after every context was destroyed, %zu objects of test driver kind %d are "
-                 "left", testdrv_live((enum testdrv_kind)k), k);
+                 "left", program_live((enum testdrv_kind)k), k);
     if (!touched_dead && testdrv_dead_context_calls() != dead_calls_before)
         FAIL("the shim named a destroyed context (%llu calls) though the program did not",
              (unsigned long long)(testdrv_dead_context_calls() - dead_calls_before));
