@@ -116,8 +116,8 @@ static void print_text(void)
                    (unsigned long long)cd_stats.flushes[r]);
     cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting; "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
-               "thread released); reuses the fences' words answered: %llu; unregisters that "
-               "waited: %llu (%.3f ms)\n",
+               "thread released); looks at released blocks the fences' words answered: %llu; "
+               "unregisters that waited: %llu (%.3f ms)\n",
                (unsigned long long)cd_stats.reclaims, (unsigned long long)cd_stats.reclaims_waited,
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.debt_waits,

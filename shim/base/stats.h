@@ -21,8 +21,10 @@ struct cd_stats {
     _Atomic uint64_t deferred[CD_KIND_COUNT];  /* taken by the engine */
     _Atomic uint64_t released[CD_KIND_COUNT];  /* really released */
     _Atomic uint64_t reused[CD_KIND_COUNT];    /* served a later allocation */
-    _Atomic uint64_t word_answers;             /* a reuse's question answered by a fence's
-                                                  word, without a driver call (fence.h) */
+    _Atomic uint64_t word_answers;             /* looks at a released block (whether its
+                                                  own context's fence has passed) that a
+                                                  fence's word answered, without a driver
+                                                  call (fence.h) */
     _Atomic uint64_t dropped[CD_KIND_COUNT];   /* freed by their context's destruction */
     _Atomic uint64_t passed[CD_KIND_COUNT];    /* handed to the driver as asked */
     _Atomic uint64_t over_limit[CD_KIND_COUNT]; /* of those: beyond the limits */
