@@ -841,6 +841,34 @@ static int fact_word(void)
     printf("RESULT word stream_mem_ops_attr=%d idle_record_wait_write_ns=%.0f idle_last_seen=%d "
            "lag_mean_us=%.1f lag_max_us=%.1f word_before_event=%d\n", memops, idle_ns,
            idle_last, lag_sum * 1e3 / 5, lag_max * 1e3, early);
+    /* Behind a 1 s kernel, each call timed alone: first after 50 ms of
+     * sleep (a release in a program that does other things between, the
+     * stall check's case), then ten times in a row. */
+    for (int r = 0; r < 3; r++) {
+        GC_CHECK(gc_spin(&kernels, s, 1000.0, 0, 0));
+        for (int hot = 0; hot < 2; hot++) {
+            double t_rec = 0, t_wait = 0, t_write = 0, t_query = 0;
+            int n = hot ? 10 : 5;
+            for (int i = 0; i < n; i++) {
+                if (!hot)
+                    gc_sleep_ms(50.0);
+                double a = gc_now_ms();
+                GC_CHECK(cuCtxRecordEvent(ctx, ev));
+                double b = gc_now_ms();
+                GC_CHECK(cuStreamWaitEvent(priv, ev, 0));
+                double c = gc_now_ms();
+                GC_CHECK(cuStreamWriteValue32(priv, word_dev, 2000000 + (cuuint32_t)i, 0));
+                double d = gc_now_ms();
+                (void)cuEventQuery(ev);
+                double e = gc_now_ms();
+                t_rec += b - a, t_wait += c - b, t_write += d - c, t_query += e - d;
+            }
+            printf("RESULT word_busy rep=%d way=%s record_us=%.1f wait_us=%.1f write_us=%.1f "
+                   "query_us=%.1f\n", r, hot ? "in_a_row" : "after_50ms_sleep",
+                   t_rec * 1e3 / n, t_wait * 1e3 / n, t_write * 1e3 / n, t_query * 1e3 / n);
+        }
+        GC_CHECK(cuCtxSynchronize());
+    }
     GC_CHECK(cuEventDestroy(ev));
     GC_CHECK(cuMemFreeHost(host));
     GC_CHECK(cuStreamDestroy(priv));
