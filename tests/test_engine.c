@@ -1362,26 +1362,35 @@ Test(stats, savings_off_gathers_nothing_for_the_report, .timeout = 20)
     cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 20"), "%s", text);
 }
 
-/* Each kind's block released under a kernel, and allocated again once the
- * kernel has ended: handed out again in every case; with the fences'
- * words (the default) the words answer all three reuses, without them
- * none (each asks its fence's event). */
+/* Two blocks of each kind released under kernels, and allocated again
+ * once the kernels have ended: handed out again in every case. The first
+ * look asks the event, and asks the GPU for the word; the second (50 ms
+ * later) reads the word. So with the fences' words (the default) the words
+ * answer three looks, one a kind; without them none. */
 static void reuses_after_their_kernels(void)
 {
     static const enum what kinds[] = {DEVICE, HOST, MANAGED};
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     for (size_t i = 0; i < 3; i++) {
-        struct object first = make(kinds[i]);
-        uintptr_t addr = address_of(&first);
-        if (testdrv_launch(s, 20000, (CUdeviceptr)addr, 4096, TESTDRV_WRITE) ||
-            release(&first) || cuStreamSynchronize(s))
+        struct object first[2];
+        uintptr_t addr[2];
+        for (int j = 0; j < 2; j++) {
+            first[j] = make(kinds[i]);
+            addr[j] = address_of(&first[j]);
+            if (testdrv_launch(s, 20000, (CUdeviceptr)addr[j], 4096, TESTDRV_WRITE))
+                exit(1);
+        }
+        if (release(&first[0]) || release(&first[1]) || cuStreamSynchronize(s))
             exit(1);
-        usleep(50000);
-        struct object again = make(kinds[i]);
-        if (address_of(&again) != addr)
-            exit(2);
-        if (release(&again))
+        for (int j = 0; j < 2; j++) {
+            usleep(50000);
+            struct object again = make(kinds[i]);
+            if (address_of(&again) != addr[j])
+                exit(2);
+            first[j] = again;
+        }
+        if (release(&first[0]) || release(&first[1]))
             exit(1);
     }
     if (cuCtxSynchronize() || testdrv_faults())
@@ -1399,11 +1408,11 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
     char text[16384];
     report_of(reuses_after_their_kernels, text, sizeof text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 3, "%s", text);
-    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 1, \"managed\": 1, \"host\": 1"),
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 2, \"managed\": 2, \"host\": 2"),
                        "%s", text);
     report_of(reuses_after_their_kernels_without_words, text, sizeof text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
-    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 1, \"managed\": 1, \"host\": 1"),
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 2, \"managed\": 2, \"host\": 2"),
                        "%s", text);
 }
 
@@ -1838,8 +1847,6 @@ static struct fence_calls fence_calls_of_a_release(void)
                                 testdrv_calls("cuStreamWriteValue32_v2") - write};
 }
 
-/* The fence's word (fence.h): the private stream's wait for the record,
- * and the write behind it; without the word, neither. */
 Test(fence, one_record_with_one_context, .timeout = 10)
 {
     test_context();
@@ -1847,8 +1854,9 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     /* A watch of the waiting avoided may add a record of its own. */
     cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
               (unsigned long long)one.ctx_records);
-    cr_expect_eq(one.stream_waits, 1);
-    cr_expect_eq(one.writes, 1);
+    /* The word's write is asked for by a reuse, not by the release. */
+    cr_expect_eq(one.stream_waits, 0);
+    cr_expect_eq(one.writes, 0);
     /* A registration's release, whose caller waits for its fence at once,
      * keeps the private stream's wait and record (fence.h). */
     char *pages = aligned_alloc(4096, 4096);
@@ -1867,25 +1875,52 @@ Test(fence, one_record_with_one_context, .timeout = 10)
     struct fence_calls two = fence_calls_of_a_release();
     cr_expect_geq(two.ctx_records, 2, "the other context was not fenced");
     /* The other context's record is joined on the host: no stream of the
-     * first context waits for it (its synchronisation would); the one wait
-     * is the word's, for the first context's own record. */
-    cr_expect_eq(two.stream_waits, 1);
-    cr_expect_eq(two.writes, 1);
+     * first context waits for it (its synchronisation would). */
+    cr_expect_eq(two.stream_waits, 0);
+    cr_expect_eq(two.writes, 0);
     CU_OK(cuCtxSetCurrent(second));
     CU_OK(cuMemFree(q));
     CU_OK(cuCtxDestroy(second));
 }
 
-Test(fence, one_record_alone_without_the_word, .timeout = 10)
+/* Four blocks released, their kernels ended, four allocations of their
+ * size: the first look asks the GPU for the word (one record, one stream
+ * wait, one write), and the looks after read it: one write for the four.
+ * Without the word, no write, and no pinned word made. */
+static uint64_t writes_of_four_reuses(void)
+{
+    test_context();
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p[4], q[4];
+    for (int i = 0; i < 4; i++) {
+        CU_OK(cuMemAlloc(&p[i], 4096));
+        CU_OK(testdrv_launch(s, 20000, p[i], 4096, TESTDRV_WRITE));
+    }
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemFree(p[i]));
+    CU_OK(cuStreamSynchronize(s));
+    uint64_t writes = testdrv_calls("cuStreamWriteValue32_v2");
+    for (int i = 0; i < 4; i++) {
+        usleep(20000);
+        CU_OK(cuMemAlloc(&q[i], 4096));
+        cr_expect_eq(q[i], p[i], "block %d was not reused", i);
+    }
+    writes = testdrv_calls("cuStreamWriteValue32_v2") - writes;
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemFree(q[i]));
+    return writes;
+}
+
+Test(fence, one_word_written_for_many_reuses, .timeout = 10)
+{
+    cr_expect_eq(writes_of_four_reuses(), 1);
+    cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 1);
+}
+
+Test(fence, no_word_written_without_it, .timeout = 10)
 {
     setenv("CUDEFER_FENCE_WORD", "0", 1);
-    test_context();
-    struct fence_calls one = fence_calls_of_a_release();
-    cr_expect(one.ctx_records >= 1 && one.ctx_records <= 2, "%llu context records",
-              (unsigned long long)one.ctx_records);
-    cr_expect_eq(one.stream_waits, 0);
-    cr_expect_eq(one.writes, 0);
-    /* Nor is the word made. */
+    cr_expect_eq(writes_of_four_reuses(), 0);
     cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 0);
 }
 

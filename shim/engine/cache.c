@@ -114,8 +114,9 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 
 /* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
  * CUDA_ERROR_NOT_READY, or the event's error. The word (fence.h) answers
- * without a driver call when it is there; else the event is asked. */
-static CUresult own_part(const struct cd_ctx *c, const struct cd_record *r)
+ * without a driver call when it is there; else the word is asked for, for
+ * the looks to come, and the event is queried. Inside the capture gate. */
+static CUresult own_part(struct cd_ctx *c, const struct cd_record *r)
 {
     if (!r->done)
         return CUDA_SUCCESS;
@@ -123,6 +124,7 @@ static CUresult own_part(const struct cd_ctx *c, const struct cd_record *r)
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
         return CUDA_SUCCESS;
     }
+    cd_fence_word_ask(c);
     return cd_driver_ops()->event_query(r->done);
 }
 

@@ -433,7 +433,8 @@ static void make_word(struct cd_ctx *c, const struct cd_driver_ops *ops)
     CUdeviceptr dev = 0;
     c->word = NULL;
     c->word_dev = 0;
-    c->word_seq = 0;
+    atomic_store(&c->word_given, 0);
+    atomic_store(&c->word_asked, 0);
     if (!cd_option_bool(CD_OPT_FENCE_WORD) || !ops->mem_host_alloc ||
         !ops->host_device_pointer || !ops->stream_write_value32)
         return;

@@ -82,13 +82,15 @@ struct cd_ctx {
     CUstream priv;       /* fences wait here; frees run behind them */
     CUstream spare;      /* never waits: frees whose fence has passed */
     CUevent fence;       /* shared: a later record covers an earlier one */
-    /* The fence's word (fence.h), in host memory the GPU writes through
+    /* The fences' word (fence.h), in host memory the GPU writes through
      * word_dev; NULL when it could not be made or CUDEFER_FENCE_WORD=0.
-     * word_lock numbers the fences and orders their writes on priv. */
+     * word_given: the newest number a fence took; word_asked: the newest
+     * one whose write is queued on priv (under word_lock, which queues one
+     * at a time). */
     _Atomic uint32_t *word;
     CUdeviceptr word_dev;
     pthread_mutex_t word_lock;
-    uint32_t word_seq;   /* the newest number given, under word_lock */
+    _Atomic uint32_t word_given, word_asked;
 
     /* The books (books.c), under lock. lock is held for a few
      * instructions at a time, never across a driver call that waits. */

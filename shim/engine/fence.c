@@ -37,30 +37,13 @@ static CUresult fence_own_stream(struct cd_ctx *c, const struct cd_driver_ops *o
     return rc == CUDA_SUCCESS ? ops->stream_wait_event(c->priv, c->fence, 0) : rc;
 }
 
-/* Has the GPU write the next number into c's word once done has passed;
- * returns the number, or 0 when there is no word or a call failed (the
- * fence stands without it). Numbers are given and their writes queued on
- * the private stream under word_lock, so the GPU writes them in their
- * order, each after its own fence: the word at or past a number means that
- * fence has passed. The stream's wait is needed only where done is a
- * context's record (12.5 and newer); before, done is recorded on the
- * private stream itself. Does not wait. */
-static uint32_t fence_word(struct cd_ctx *c, CUevent done, const struct cd_driver_ops *ops)
+/* The next number of c's word (never 0), for a fence whose record is
+ * made: a write asked for afterwards (cd_fence_word_ask) follows a record
+ * that covers it. */
+static uint32_t word_number(struct cd_ctx *c)
 {
-    if (!c->word)
-        return 0;
-    pthread_mutex_lock(&c->word_lock);
-    uint32_t n = c->word_seq + 1 ? c->word_seq + 1 : 1;
-    CUresult rc = c->ctx_record ? ops->stream_wait_event(c->priv, done, 0) : CUDA_SUCCESS;
-    if (rc == CUDA_SUCCESS)
-        rc = ops->stream_write_value32(c->priv, c->word_dev, n, CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (rc == CUDA_SUCCESS)
-        c->word_seq = n;
-    pthread_mutex_unlock(&c->word_lock);
-    if (rc != CUDA_SUCCESS)
-        cd_log(CD_LOG_DEBUG, "the word of a fence in context %p: error %d; its reuse asks the "
-               "driver", (void *)atomic_load(&c->handle), (int)rc);
-    return rc == CUDA_SUCCESS ? n : 0;
+    uint32_t n = atomic_fetch_add(&c->word_given, 1) + 1;
+    return n ? n : atomic_fetch_add(&c->word_given, 1) + 1;
 }
 
 /* c's part, into a spare event: its record (12.5 and newer, and not for
@@ -82,8 +65,8 @@ static CUresult fence_own(struct cd_ctx *c, CUevent *done, uint32_t *word, bool 
     if (rc != CUDA_SUCCESS) {
         cd_ctx_event_put(c, *done);
         *done = NULL;
-    } else if (word) {
-        *word = fence_word(c, *done, ops);
+    } else if (word && c->word) {
+        *word = word_number(c);
     }
     return rc;
 }
@@ -94,6 +77,37 @@ bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word)
         return false;
     uint32_t seen = atomic_load_explicit(c->word, memory_order_acquire);
     return (int32_t)(seen - word) >= 0;
+}
+
+void cd_fence_word_ask(struct cd_ctx *c)
+{
+    if (!c->word)
+        return;
+    uint32_t asked = atomic_load(&c->word_asked);
+    uint32_t given = atomic_load(&c->word_given);
+    /* Nothing new, or a write still on its way: its landing lets the next
+     * look ask again, for every number given meanwhile. */
+    if (asked == given || !given || atomic_load_explicit(c->word, memory_order_acquire) != asked)
+        return;
+    if (pthread_mutex_trylock(&c->word_lock) != 0)
+        return;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    asked = atomic_load(&c->word_asked);
+    given = atomic_load(&c->word_given);
+    if (asked != given && given) {
+        /* Every fence numbered up to given made its record before it took
+         * its number, and this record comes after: it covers them all. */
+        CUresult rc = fence_own_stream(c, ops);
+        if (rc == CUDA_SUCCESS)
+            rc = ops->stream_write_value32(c->priv, c->word_dev, given,
+                                           CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (rc == CUDA_SUCCESS)
+            atomic_store(&c->word_asked, given);
+        else
+            cd_log(CD_LOG_DEBUG, "the fences' word of context %p: error %d; reuses ask the "
+                   "events", (void *)atomic_load(&c->handle), (int)rc);
+    }
+    pthread_mutex_unlock(&c->word_lock);
 }
 
 /* ---- the other contexts' part, joined on the host ------------------------------ */

@@ -30,19 +30,29 @@
  * order: a later one covers all an earlier one does). A context that has
  * ended, or has not been set up, has passed every fence.
  *
- * The word: after a release's fence the GPU also writes the fence's number
- * into a word of host memory (one a context, on its private stream, behind
- * a wait for the fence's event), and a reuse reads the word instead of
- * querying the event. Measured on an H200 (bench/RESULTS.md, runs 58 and
- * 62): while the GPU runs behind, that query took 1.6 us of a 4 KiB
- * allocate-touch-release iteration of 6.8 us; the word was never seen
- * before the event had passed, and trailed it by about 5 us, so a word not
- * there yet is no answer: the reuse then queries the event, as without
- * it. Numbers are 32 bits and compared modulo 2^32: a number reads as
- * passed when the word is at or up to 2^31 past it. A false answer would
- * need 2^31 writes queued on one stream and not yet run; an older number
- * than 2^31 behind the word reads as not passed, and is asked of the
- * event. CUDEFER_FENCE_WORD=0 leaves the word out.
+ * The word: each fence of a release that may be reused takes a number in
+ * its context, and a reuse reads a word of host memory that the GPU
+ * writes with the newest number whose fences have passed, instead of
+ * querying the fence's event. Measured on an H200 (bench/RESULTS.md, runs
+ * 58 and 62): while the GPU runs behind, that query took 1.6 us of a
+ * 4 KiB allocate-touch-release iteration of 6.8 us; the word was never
+ * seen before the event had passed, and trailed it by about 5 us.
+ *
+ * The writes are asked for by the reuses, not by the releases: a record
+ * of the context, the private stream's wait for it and a write of the
+ * newest number behind (cd_fence_word_ask), one at a time, and only once
+ * the one before has landed. Every fence numbered up to that number made
+ * its record before it took the number, so the new record covers them
+ * all. Measured (run 63): a wait and a write on each release brought a
+ * release under a running kernel from 0.039 ms to 0.054-0.075 ms, past
+ * the 0.05 ms it must stay under; a release now only takes a number.
+ *
+ * A word not there yet is no answer: the reuse queries the event, as
+ * without it. Numbers are 32 bits and compared modulo 2^32: a number reads
+ * as passed when the word is at or up to 2^31 past it. A false answer
+ * would need 2^31 numbers given between a write's asking and its landing;
+ * a number older than 2^31 behind the word reads as not passed, and is
+ * asked of the event. CUDEFER_FENCE_WORD=0 leaves the word out.
  *
  * Nothing here waits for the GPU but cd_fence_far_wait: records, stream
  * waits and queries return at once (0.46 us for a record, a wait and a
@@ -60,8 +70,8 @@
  * the other contexts' records (0: none was needed). Called with c entered
  * and its context current. An error of c's own record is returned (a
  * sticky error of the context); another context's is not (a context that
- * faulted runs nothing more). *word: the fence's number in c's word, or 0
- * when it has none (then only the event tells). */
+ * faulted runs nothing more). *word (unless NULL): the fence's number in
+ * c's word, or 0 when it has none (then only the event tells). */
 CUresult cd_fence(struct cd_ctx *c, CUevent *done, uint64_t *far, uint32_t *word);
 /* cd_fence for a host that waits for *done at once (a registration's
  * release): c's part is always the private stream's wait and a record
@@ -74,6 +84,12 @@ CUresult cd_fence_for_host(struct cd_ctx *c, CUevent *done, uint64_t *far);
 /* Whether c's word says that c's part of the fence numbered word has
  * passed. False says nothing: ask the event. Reads memory only. */
 bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word);
+/* Asks the GPU to write the newest number given in c into c's word once
+ * its fences have passed (a record of c, the private stream's wait for it,
+ * the write), unless nothing new was given, the write asked for before
+ * has not landed yet, or another thread is asking. c entered, its context
+ * current, inside the capture gate. Does not wait. */
+void cd_fence_word_ask(struct cd_ctx *c);
 /* Whether the other contexts' part of a fence made in c has passed; looks
  * at their newest records (queries). Does not wait. */
 bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far);
