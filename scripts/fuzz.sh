@@ -127,7 +127,7 @@ build_all() {
     # The API: the shim before the test driver in the link order, so that its
     # cu* symbols come first in the lookup scope, as with LD_PRELOAD.
     "$cc" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-        -I"$root/tests/driver" -o "$build/fuzz_api" \
+        -I"$root/tests" -I"$root/tests/driver" -o "$build/fuzz_api" \
         "$root/tests/fuzz/fuzz_api.c" "$build/libcudefer.so" "$build/libcuda.so.1" \
         -Wl,-rpath,"$build" -ldl -lpthread || return 1
 }

@@ -249,6 +249,9 @@ static size_t used_capacity(bool device)
     for (int i = 0; i < nobjs; i++)
         if (objs[i].state == LIVE && on_device_capacity(objs[i].kind) == device)
             sum += objs[i].bytes; /* modules and libraries count 0 */
+    /* cudefer's own pinned words (own.h) take room too. */
+    if (!device)
+        sum += CUDEFER_WORD_BYTES * testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES);
     return sum;
 }
 
@@ -444,7 +447,7 @@ static bool needs_reclaim(enum mkind k, size_t bytes)
     bool dev = on_device_capacity(k);
     size_t used = dev ? program_live_bytes(TESTDRV_DEVICE) + program_live_bytes(TESTDRV_MANAGED) +
                             program_live_bytes(TESTDRV_ARRAY) + testdrv_pending_free_bytes()
-                      : program_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
+                      : testdrv_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
     return used + bytes + RECLAIM_SLACK > (dev ? device_capacity : host_capacity);
 }
 
