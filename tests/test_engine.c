@@ -1362,36 +1362,41 @@ Test(stats, savings_off_gathers_nothing_for_the_report, .timeout = 20)
     cr_expect_not_null(strstr(text, "\"deferred\": {\"device\": 20"), "%s", text);
 }
 
-/* Two blocks of each kind released under kernels, and allocated again
+/* Four blocks of each kind released under kernels, and allocated again
  * once the kernels have ended: handed out again in every case. The first
- * look asks the event, and asks the GPU for the word; the second (50 ms
- * later) reads the word. So with the fences' words (the default) the words
- * answer three looks, one a kind; without them none. */
+ * look asks the event, and asks the GPU for the word (four numbers wait);
+ * the three after it (20 ms later each) read the word. So with the fences'
+ * words (the default) the words answer nine looks, three a kind; without
+ * them none. */
 static void reuses_after_their_kernels(void)
 {
     static const enum what kinds[] = {DEVICE, HOST, MANAGED};
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     for (size_t i = 0; i < 3; i++) {
-        struct object first[2];
-        uintptr_t addr[2];
-        for (int j = 0; j < 2; j++) {
+        struct object first[4];
+        uintptr_t addr[4];
+        for (int j = 0; j < 4; j++) {
             first[j] = make(kinds[i]);
             addr[j] = address_of(&first[j]);
             if (testdrv_launch(s, 20000, (CUdeviceptr)addr[j], 4096, TESTDRV_WRITE))
                 exit(1);
         }
-        if (release(&first[0]) || release(&first[1]) || cuStreamSynchronize(s))
+        for (int j = 0; j < 4; j++)
+            if (release(&first[j]))
+                exit(1);
+        if (cuStreamSynchronize(s))
             exit(1);
-        for (int j = 0; j < 2; j++) {
-            usleep(50000);
+        for (int j = 0; j < 4; j++) {
+            usleep(20000);
             struct object again = make(kinds[i]);
             if (address_of(&again) != addr[j])
                 exit(2);
             first[j] = again;
         }
-        if (release(&first[0]) || release(&first[1]))
-            exit(1);
+        for (int j = 0; j < 4; j++)
+            if (release(&first[j]))
+                exit(1);
     }
     if (cuCtxSynchronize() || testdrv_faults())
         exit(3);
@@ -1407,12 +1412,12 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
 {
     char text[16384];
     report_of(reuses_after_their_kernels, text, sizeof text);
-    cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 3, "%s", text);
-    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 2, \"managed\": 2, \"host\": 2"),
+    cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 9, "%s", text);
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 4, \"managed\": 4, \"host\": 4"),
                        "%s", text);
     report_of(reuses_after_their_kernels_without_words, text, sizeof text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
-    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 2, \"managed\": 2, \"host\": 2"),
+    cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 4, \"managed\": 4, \"host\": 4"),
                        "%s", text);
 }
 

@@ -79,15 +79,26 @@ bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word)
     return (int32_t)(seen - word) >= 0;
 }
 
+/* Numbers given since the last write before a look asks for the next one.
+ * Measured on an H200 (bench/RESULTS.md, run 66: the 4 KiB loop rows, two
+ * rounds of each way in turn; cudefer / the pool): asking whenever the
+ * write before had landed made a device iteration slower than without the
+ * word (1.16-1.57x against 1.24-1.38x: in that loop half the looks asked,
+ * and a write costs 1.4 us, a record and a wait 0.3 us each, facts word);
+ * once 4 numbers waited, 0.96-1.34x; once 16, 1.18-1.67x (the blocks a
+ * look finds are younger than the last write more often). */
+#define WORD_BATCH 4
+
 void cd_fence_word_ask(struct cd_ctx *c)
 {
     if (!c->word)
         return;
     uint32_t asked = atomic_load(&c->word_asked);
     uint32_t given = atomic_load(&c->word_given);
-    /* Nothing new, or a write still on its way: its landing lets the next
-     * look ask again, for every number given meanwhile. */
-    if (asked == given || !given || atomic_load_explicit(c->word, memory_order_acquire) != asked)
+    /* Too few new numbers, or a write still on its way: its landing lets a
+     * later look ask again, for every number given meanwhile. */
+    if (!given || (uint32_t)(given - asked) < WORD_BATCH ||
+        atomic_load_explicit(c->word, memory_order_acquire) != asked)
         return;
     if (pthread_mutex_trylock(&c->word_lock) != 0)
         return;
