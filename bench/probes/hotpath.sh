@@ -15,7 +15,10 @@
 # 3. REPEATS (default 3) runs of cudefer-loops over the 4 KiB rows
 #    (dev4k, host4k, man4k): each run has every mode (driver, cudefer,
 #    pool, CUDEFER_KEEP, pool at threshold 0) as children of one parent,
-#    so that the ratios of one run come from neighbouring processes.
+#    so that the ratios of one run come from neighbouring processes. With
+#    WORD_AB=1 the runs alternate between the default and
+#    CUDEFER_FENCE_WORD=0 (odd runs: default; even runs: without the
+#    fences' words), each beside its own pool.
 #
 # SHIM: libcudefer.so (default: build-bench/shim/libcudefer.so, built with
 # meson when missing). SAMPLE_ITERS (default 1000000). TAR=FILE: everything
@@ -43,6 +46,8 @@ P=$B/bench/cudefer-phases
     LD_PRELOAD=$S timeout 120 "$P"
     echo "== phases, with cudefer and CUDEFER_KEEP=1T"
     LD_PRELOAD=$S CUDEFER_KEEP=1T timeout 120 "$P"
+    echo "== phases, with cudefer and CUDEFER_FENCE_WORD=0 (reuses ask the events)"
+    LD_PRELOAD=$S CUDEFER_FENCE_WORD=0 timeout 120 "$P"
 } >"$O/phases.log" 2>&1
 
 real=$(readlink -f "$S")
@@ -75,9 +80,11 @@ sample default
 sample keep CUDEFER_KEEP=1T
 
 for i in $(seq 1 "$REPEATS"); do
-    timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops --rows dev4k,host4k,man4k \
-        >"$O/loops.$i.md" 2>"$O/loops.$i.err"
-    echo "loops run $i: rc=$?" >>"$O/loops.rc"
+    word=1
+    [ "${WORD_AB:-0}" = 1 ] && [ $((i % 2)) = 0 ] && word=0
+    CUDEFER_FENCE_WORD=$word timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops \
+        --rows dev4k,host4k,man4k >"$O/loops.$i.md" 2>"$O/loops.$i.err"
+    echo "loops run $i (CUDEFER_FENCE_WORD=$word): rc=$?" >>"$O/loops.rc"
 done
 # One file for the device tool's few (with TAR set).
 if [ -n "${TAR:-}" ]; then
