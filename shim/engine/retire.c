@@ -225,7 +225,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     if (cd_gate_enter()) {
-        frc = cd_fence(c, &r->done, &r->far, &r->word);
+        frc = cd_fence(c, &r->done, &r->far, b->reusable ? &r->word : NULL);
         fenced = frc == CUDA_SUCCESS;
         if (fenced)
             note_saving(c, r);
@@ -447,7 +447,9 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
         if (!atomic_load(&c->sticky) && cd_gate_enter()) {
-            if (cd_fence(c, &r->done, &r->far, &r->word) != CUDA_SUCCESS)
+            if (cd_fence(c, &r->done, &r->far,
+                         cd_backend((enum cd_kind)r->kind)->reusable ? &r->word : NULL) !=
+                CUDA_SUCCESS)
                 cd_retire_drop_event(c, r);
             cd_gate_exit();
         }
