@@ -225,8 +225,7 @@ const char *hx_savings_by_seed(void)
 
 const char *hx_word_by_seed(void)
 {
-    if (hx.seed % 3 == 0)
-        setenv("CUDEFER_FENCE_WORD", "0", 0);
+    setenv("CUDEFER_FENCE_WORD", hx.seed % 3 == 0 ? "0" : "1", 0);
     const char *word = getenv("CUDEFER_FENCE_WORD");
     return word && strcmp(word, "0") == 0 ? "events alone" : "words";
 }

@@ -1366,11 +1366,12 @@ Test(stats, savings_off_gathers_nothing_for_the_report, .timeout = 20)
  * once the kernels have ended: handed out again in every case. The first
  * look asks the event, and asks the GPU for the word (four numbers wait);
  * the three after it (20 ms later each) read the word. So with the fences'
- * words (the default) the words answer nine looks, three a kind; without
- * them none. */
+ * words (CUDEFER_FENCE_WORD=1) the words answer nine looks, three a kind;
+ * without them none. */
 static void reuses_after_their_kernels(void)
 {
     static const enum what kinds[] = {DEVICE, HOST, MANAGED};
+    setenv("CUDEFER_FENCE_WORD", "1", 0);
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     for (size_t i = 0; i < 3; i++) {
@@ -1889,9 +1890,10 @@ Test(fence, one_record_with_one_context, .timeout = 10)
 }
 
 /* Four blocks released, their kernels ended, four allocations of their
- * size: the first look asks the GPU for the word (one record, one stream
- * wait, one write), and the looks after read it: one write for the four.
- * Without the word, no write, and no pinned word made. */
+ * size: with CUDEFER_FENCE_WORD=1 the first look asks the GPU for the word
+ * (one record, one stream wait, one write), and the looks after read it:
+ * one write for the four. Without the word (the default), no write, and no
+ * pinned word made. */
 static uint64_t writes_of_four_reuses(void)
 {
     test_context();
@@ -1918,13 +1920,14 @@ static uint64_t writes_of_four_reuses(void)
 
 Test(fence, one_word_written_for_many_reuses, .timeout = 10)
 {
+    setenv("CUDEFER_FENCE_WORD", "1", 1);
     cr_expect_eq(writes_of_four_reuses(), 1);
     cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 1);
 }
 
 Test(fence, no_word_written_without_it, .timeout = 10)
 {
-    setenv("CUDEFER_FENCE_WORD", "0", 1);
+    /* The default. */
     cr_expect_eq(writes_of_four_reuses(), 0);
     cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 0);
 }

@@ -1641,6 +1641,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     setenv("CUDEFER_MAX_DEFERRED_ENTRIES", "12", 0);
     setenv("CUDEFER_MAX_DEFERRED_BYTES", "2M", 0);
     setenv("CUDEFER_DEVICE_CACHE", "1M", 0);
+    /* The fences' word (off by default): its asks are driver calls a
+     * reuse makes, judged like the others. */
+    setenv("CUDEFER_FENCE_WORD", "1", 0);
     trace_path = getenv("FUZZ_API_TRACE");
     unjudged = getenv("FUZZ_API_UNJUDGED");
     skipped = getenv("FUZZ_API_SKIP");
