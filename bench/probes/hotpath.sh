@@ -16,9 +16,8 @@
 #    (dev4k, host4k, man4k): each run has every mode (driver, cudefer,
 #    pool, CUDEFER_KEEP, pool at threshold 0) as children of one parent,
 #    so that the ratios of one run come from neighbouring processes. With
-#    WORD_AB=1 the runs alternate between the default and
-#    CUDEFER_FENCE_WORD=0 (odd runs: default; even runs: without the
-#    fences' words), each beside its own pool.
+#    WORD_AB=1 the runs alternate between CUDEFER_FENCE_WORD=1 (odd runs)
+#    and 0 (even runs, the default), each beside its own pool.
 #
 # SHIM: libcudefer.so (default: build-bench/shim/libcudefer.so, built with
 # meson when missing). SAMPLE_ITERS (default 1000000). TAR=FILE: everything
@@ -46,8 +45,8 @@ P=$B/bench/cudefer-phases
     LD_PRELOAD=$S timeout 120 "$P"
     echo "== phases, with cudefer and CUDEFER_KEEP=1T"
     LD_PRELOAD=$S CUDEFER_KEEP=1T timeout 120 "$P"
-    echo "== phases, with cudefer and CUDEFER_FENCE_WORD=0 (reuses ask the events)"
-    LD_PRELOAD=$S CUDEFER_FENCE_WORD=0 timeout 120 "$P"
+    echo "== phases, with cudefer and CUDEFER_FENCE_WORD=1 (reuses read the fences' word)"
+    LD_PRELOAD=$S CUDEFER_FENCE_WORD=1 timeout 120 "$P"
 } >"$O/phases.log" 2>&1
 
 real=$(readlink -f "$S")
@@ -80,8 +79,8 @@ sample default
 sample keep CUDEFER_KEEP=1T
 
 for i in $(seq 1 "$REPEATS"); do
-    word=1
-    [ "${WORD_AB:-0}" = 1 ] && [ $((i % 2)) = 0 ] && word=0
+    word=${CUDEFER_FENCE_WORD:-0}
+    [ "${WORD_AB:-0}" = 1 ] && word=$((i % 2))
     CUDEFER_FENCE_WORD=$word timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops \
         --rows dev4k,host4k,man4k >"$O/loops.$i.md" 2>"$O/loops.$i.err"
     echo "loops run $i (CUDEFER_FENCE_WORD=$word): rc=$?" >>"$O/loops.rc"
