@@ -215,6 +215,14 @@ static bool keep_for_teardown(struct cd_ctx *c, struct cd_record *r, CUresult wh
     return true;
 }
 
+/* Fences r in c (cd_fence): a kind a reuse can serve also takes a number
+ * of c's word. Inside the capture gate. Does not wait. */
+static CUresult fence_record(struct cd_ctx *c, struct cd_record *r)
+{
+    bool reusable = cd_backend((enum cd_kind)r->kind)->reusable;
+    return cd_fence(c, &r->done, &r->far, reusable ? &r->word : NULL);
+}
+
 /* Fences r (unless a capture is live) and puts it where it belongs: freed,
  * or deferred. Called with c entered. Does not wait. */
 static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
@@ -225,7 +233,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), false);
     if (cd_gate_enter()) {
-        frc = cd_fence(c, &r->done, &r->far, b->reusable ? &r->word : NULL);
+        frc = fence_record(c, r);
         fenced = frc == CUDA_SUCCESS;
         if (fenced)
             note_saving(c, r);
@@ -447,9 +455,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
         if (!atomic_load(&c->sticky) && cd_gate_enter()) {
-            if (cd_fence(c, &r->done, &r->far,
-                         cd_backend((enum cd_kind)r->kind)->reusable ? &r->word : NULL) !=
-                CUDA_SUCCESS)
+            if (fence_record(c, r) != CUDA_SUCCESS)
                 cd_retire_drop_event(c, r);
             cd_gate_exit();
         }
