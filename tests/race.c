@@ -93,7 +93,9 @@
  *    moment while it ran, that count plus its own request exceeded the
  *    capacity less the device bytes the test driver itself counts as freed
  *    but not yet given back (testdrv_pending_free_bytes, read after the
- *    failure). Memory the program released is never counted: an allocation
+ *    failure), or, for pinned host memory, less cudefer's own pinned words
+ *    (own.h, read after the failure). Memory the program released is never
+ *    counted: an allocation
  *    must not fail while cudefer still holds memory the program released
  *    before it;
  *  - registered pages: right after cuMemHostUnregister returns, every kernel
@@ -591,15 +593,19 @@ static bool judge_alloc(struct worker *w, const char *call, CUresult rc, enum cl
         return true;
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || c == CLS_NONE)
         return expect(w, call, rc, CUDA_SUCCESS);
-    size_t pending = c == CLS_DEVICE ? testdrv_pending_free_bytes() : 0;
+    /* What the driver holds that is not the program's: device frees not
+     * yet synchronised, and cudefer's own pinned words (own.h). */
+    size_t pending = c == CLS_DEVICE
+                         ? testdrv_pending_free_bytes()
+                         : CUDEFER_WORD_BYTES * testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES);
     size_t room = capacity[c] > pending ? capacity[c] - pending : 0;
     if (peak <= room)
         hx_fail(&w->t, "oom-while-held",
                 "%s(%zu bytes) failed with out of memory, yet the program held at most %zu of "
                 "the %zu bytes of %s capacity while it ran (request and other threads' "
-                "allocations under way included; %zu bytes pending in the driver): memory the "
-                "program had released was still held back", call, req, peak, capacity[c],
-                c == CLS_DEVICE ? "device" : "pinned host", pending);
+                "allocations under way included; %zu bytes the driver holds that are not the "
+                "program's): memory the program had released was still held back", call, req,
+                peak, capacity[c], c == CLS_DEVICE ? "device" : "pinned host", pending);
     w->ooms++;
     return false;
 }
