@@ -124,7 +124,7 @@ void *hx_sym_opt(const char *name);
  * the first CUDA call; returns a word for the run's header line. */
 const char *hx_savings_by_seed(void);
 
-/* Reuses read the fences' words (CUDEFER_FENCE_WORD=1, fence.h; off by
+/* Reuses read the fences' words (CUDEFER_FENCE_WORD=1, fence.h; the
  * default) unless the environment sets it, or the seed is a multiple of 3:
  * then they ask each fence's event, the fallback a word not there yet
  * takes. Call before the first CUDA call; returns a word for the run's

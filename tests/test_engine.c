@@ -1892,8 +1892,8 @@ Test(fence, one_record_with_one_context, .timeout = 10)
 /* Four blocks released, their kernels ended, four allocations of their
  * size: with CUDEFER_FENCE_WORD=1 the first look asks the GPU for the word
  * (one record, one stream wait, one write), and the looks after read it:
- * one write for the four. Without the word (the default), no write, and no
- * pinned word made. */
+ * one write for the four. Without the word (CUDEFER_FENCE_WORD=0), no write,
+ * and no pinned word made. */
 static uint64_t writes_of_four_reuses(void)
 {
     test_context();
@@ -1925,9 +1925,16 @@ Test(fence, one_word_written_for_many_reuses, .timeout = 10)
     cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 1);
 }
 
+Test(fence, one_word_by_default, .timeout = 10)
+{
+    unsetenv("CUDEFER_FENCE_WORD");
+    cr_expect_eq(writes_of_four_reuses(), 1);
+    cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 1);
+}
+
 Test(fence, no_word_written_without_it, .timeout = 10)
 {
-    /* The default. */
+    setenv("CUDEFER_FENCE_WORD", "0", 1);
     cr_expect_eq(writes_of_four_reuses(), 0);
     cr_expect_eq(testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES), 0);
 }

@@ -16,8 +16,8 @@
 #    (dev4k, host4k, man4k): each run has every mode (driver, cudefer,
 #    pool, CUDEFER_KEEP, pool at threshold 0) as children of one parent,
 #    so that the ratios of one run come from neighbouring processes. With
-#    WORD_AB=1 the runs alternate between CUDEFER_FENCE_WORD=1 (odd runs)
-#    and 0 (even runs, the default), each beside its own pool.
+#    WORD_AB=1 the runs alternate between CUDEFER_FENCE_WORD=1 (odd runs,
+#    the default) and 0 (even runs), each beside its own pool.
 #
 # SHIM: libcudefer.so (default: build-bench/shim/libcudefer.so, built with
 # meson when missing). SAMPLE_ITERS (default 1000000). TAR=FILE: everything
@@ -79,7 +79,7 @@ sample default
 sample keep CUDEFER_KEEP=1T
 
 for i in $(seq 1 "$REPEATS"); do
-    word=${CUDEFER_FENCE_WORD:-0}
+    word=${CUDEFER_FENCE_WORD:-1}
     [ "${WORD_AB:-0}" = 1 ] && word=$((i % 2))
     CUDEFER_FENCE_WORD=$word timeout 250 "$B/bench/cudefer-loops" --shim "$S" --only loops \
         --rows dev4k,host4k,man4k >"$O/loops.$i.md" 2>"$O/loops.$i.err"

@@ -424,7 +424,7 @@ static bool is_primary(CUcontext ctx, CUdevice dev, const struct cd_driver_ops *
 }
 
 /* The fence's word (fence.h), in the current context c. Without it (an
- * older driver, no pinned memory left, CUDEFER_FENCE_WORD unset) every reuse
+ * older driver, no pinned memory left, CUDEFER_FENCE_WORD=0) every reuse
  * asks the driver about its fence's event. The context's destruction frees
  * it, as it frees the pinned memory a teardown drops. Does not wait. */
 static void make_word(struct cd_ctx *c, const struct cd_driver_ops *ops)

@@ -54,10 +54,7 @@
  * as passed when the word is at or up to 2^31 past it. A false answer
  * would need 2^31 numbers given between a write's asking and its landing;
  * a number older than 2^31 behind the word reads as not passed, and is
- * asked of the event. The word is made only with CUDEFER_FENCE_WORD=1: off
- * by default until the real-GPU checks (the hazards check above all) have
- * run on this form of it; run 63 ran them on a word written by every
- * release, the same calls queued at another moment.
+ * asked of the event. The word is made unless CUDEFER_FENCE_WORD=0.
  *
  * Nothing here waits for the GPU but cd_fence_far_wait: records, stream
  * waits and queries return at once (0.46 us for a record, a wait and a
