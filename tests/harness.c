@@ -557,3 +557,117 @@ long hx_canary_check(const unsigned char *page, size_t bytes, int thread, int in
             return (long)i;
     return -1;
 }
+
+/* ---- memory released while its writers may still run ---------------------- */
+
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct released {
+    uintptr_t lo, hi;
+    char what[64];
+    CUevent ev[HX_WRITERS];
+    int nev;
+} released[HX_RELEASED];
+static size_t nreleased;
+static unsigned long long released_checked, released_unchecked;
+static void (*released_destroy)(CUevent);
+
+void hx_released_destroy_with(void (*destroy)(CUevent))
+{
+    released_destroy = destroy;
+}
+
+/* Under released_lock. */
+static void released_drop(size_t i)
+{
+    for (int k = 0; k < released[i].nev; k++) {
+        if (released_destroy)
+            released_destroy(released[i].ev[k]);
+        else
+            cuEventDestroy(released[i].ev[k]);
+    }
+    released[i] = released[--nreleased];
+}
+
+/* Under released_lock. */
+static bool released_running(const struct released *r)
+{
+    for (int k = 0; k < r->nev; k++)
+        if (cuEventQuery(r->ev[k]) == CUDA_ERROR_NOT_READY)
+            return true;
+    return false;
+}
+
+void hx_released_note(uintptr_t lo, uintptr_t hi, const char *what, CUevent *ev, int n)
+{
+    struct released r = {.lo = lo, .hi = hi};
+    for (int k = 0; k < n && k < HX_WRITERS; k++)
+        if (ev[k]) {
+            r.ev[r.nev++] = ev[k];
+            ev[k] = NULL;
+        }
+    if (!r.nev)
+        return;
+    snprintf(r.what, sizeof r.what, "%s", what);
+    pthread_mutex_lock(&released_lock);
+    if (nreleased == HX_RELEASED) {
+        for (size_t i = 0; i < nreleased;) {
+            if (released_running(&released[i]))
+                i++;
+            else
+                released_drop(i);
+        }
+    }
+    if (nreleased == HX_RELEASED) {
+        released_drop(0);
+        released_unchecked++;
+    }
+    released[nreleased++] = r;
+    pthread_mutex_unlock(&released_lock);
+}
+
+bool hx_released_check(struct hx_thread *t, uintptr_t lo, uintptr_t hi, const char *returned)
+{
+    bool seen = false;
+    pthread_mutex_lock(&released_lock);
+    for (size_t i = 0; i < nreleased;) {
+        struct released *r = &released[i];
+        if (r->hi <= lo || hi <= r->lo) {
+            i++;
+            continue;
+        }
+        if (released_running(r))
+            hx_fail(t, "reuse-early",
+                    "%s returned %#lx, which overlaps %s, released while a kernel submitted "
+                    "before its release (in any context) still writes it",
+                    returned, (unsigned long)lo, r->what);
+        seen = true;
+        released_drop(i);
+    }
+    released_checked += seen;
+    pthread_mutex_unlock(&released_lock);
+    return seen;
+}
+
+void hx_released_clear(void)
+{
+    pthread_mutex_lock(&released_lock);
+    while (nreleased)
+        released_drop(nreleased - 1);
+    pthread_mutex_unlock(&released_lock);
+}
+
+unsigned long long hx_released_checked(void)
+{
+    pthread_mutex_lock(&released_lock);
+    unsigned long long n = released_checked;
+    pthread_mutex_unlock(&released_lock);
+    return n;
+}
+
+unsigned long long hx_released_unchecked(void)
+{
+    pthread_mutex_lock(&released_lock);
+    unsigned long long n = released_unchecked;
+    pthread_mutex_unlock(&released_lock);
+    return n;
+}

@@ -1,8 +1,9 @@
 /* harness.h - what the plain-C harnesses over the test driver share
- * (tests/race.c, tests/property.c): run parameters, a per-thread random
- * stream, a per-thread history of the last operations, failure reports
- * that can be replayed, a watchdog, the driver's entry points by name, and
- * the canary of registered pages.
+ * (tests/race.c, tests/property.c, tests/reuse.c): run parameters, a
+ * per-thread random stream, a per-thread history of the last operations,
+ * failure reports that can be replayed, a watchdog, the driver's entry
+ * points by name, the canary of registered pages, and the table of
+ * released memory whose writers may still run.
  *
  * The harnesses are plain C (no Criterion), so that they also run under
  * ThreadSanitizer. A failure report names the invariant, the seed and the
@@ -191,5 +192,36 @@ void hx_clear_flag(volatile int *flag);
 void hx_canary_fill(unsigned char *page, size_t bytes, int thread, int index);
 /* Offset of the first byte that differs from the canary, or -1. */
 long hx_canary_check(const unsigned char *page, size_t bytes, int thread, int index);
+
+/* ---- memory released while its writers may still run ------------------------ */
+
+/* The events recorded after the kernels that wrote a range before its
+ * release, kept until an allocation returns memory overlapping it: then
+ * every one of them must have completed (the invariant "reuse-early":
+ * nothing submitted before a release may still write a block that an
+ * allocation returns). One table for the process, under a lock of its own
+ * (a leaf: it takes no other). */
+#define HX_WRITERS 6     /* events kept of one released range */
+#define HX_RELEASED 4096 /* ranges kept */
+
+/* How the table destroys the events it drops (default cuEventDestroy).
+ * Call before the threads start. */
+void hx_released_destroy_with(void (*destroy)(CUevent));
+/* [lo, hi) is released: the table takes the events of ev[0..n) that are not
+ * NULL (n at most HX_WRITERS) and sets them to NULL; a range without one is
+ * not kept. what names the range in a report. A full table first drops the
+ * ranges whose events have all completed (no allocation can fail on them),
+ * else one range, which goes unchecked. */
+void hx_released_note(uintptr_t lo, uintptr_t hi, const char *what, CUevent *ev, int n);
+/* An allocation returned [lo, hi) (returned names the call in a report):
+ * checks every kept range that it overlaps, failing "reuse-early" for t
+ * where a writer still runs, and drops it. Whether there was one. */
+bool hx_released_check(struct hx_thread *t, uintptr_t lo, uintptr_t hi, const char *returned);
+/* Drops every range, destroying its events. */
+void hx_released_clear(void);
+/* Allocations that returned memory of a kept range; ranges dropped
+ * unchecked because the table was full of running writers. */
+unsigned long long hx_released_checked(void);
+unsigned long long hx_released_unchecked(void);
 
 #endif

@@ -430,37 +430,19 @@ static void set_canaries(struct worker *w, const struct obj *o)
 
 /* ---- blocks handed back while a kernel still writes them ----------------------------- */
 
-/* The writers' events of released memory, until an allocation hands out an
- * overlapping range (then they must all have completed: nothing submitted
- * before a release may still write a block that an allocation returns) or
- * the table is full (the oldest go unchecked). Events live in the shared
- * contexts, which last the whole run. */
-#define RELEASED 1024
-static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct released {
-    uintptr_t lo, hi;
-    char what[64];
-    CUevent ev[EVENTS];
-} released_tab[RELEASED];
-static size_t released_n;
-static unsigned long long reuse_checked;
-
+/* Counts the program's events it destroys; the table of released memory
+ * (harness.h) destroys the writers' events it drops with it. */
 static void destroy_event(CUevent ev)
 {
     if (ev && cuEventDestroy(ev) == CUDA_SUCCESS)
         atomic_fetch_sub(&program_events, 1);
 }
 
-/* Under released_lock. */
-static void released_drop(size_t i)
-{
-    for (int k = 0; k < EVENTS; k++)
-        destroy_event(released_tab[i].ev[k]);
-    released_tab[i] = released_tab[--released_n];
-}
+_Static_assert(EVENTS <= HX_WRITERS, "the table keeps every writer's event");
 
 /* o is released: its writers' events (of non-registered memory) go to the
- * table. */
+ * table of released memory, where an allocation that returns memory
+ * overlapping it checks them (reuse-early). */
 static void released_note(struct obj *o)
 {
     bool any = false;
@@ -468,52 +450,13 @@ static void released_note(struct obj *o)
         any |= o->ev[k] != NULL;
     if (!any)
         return;
-    pthread_mutex_lock(&released_lock);
-    if (released_n == RELEASED)
-        released_drop(0);
-    struct released *r = &released_tab[released_n++];
-    r->lo = o->h;
-    r->hi = o->h + (o->size ? o->size : 1);
-    snprintf(r->what, sizeof r->what, "%s %#lx", kinds[o->kind].alloc, (unsigned long)o->h);
+    char what[64];
+    snprintf(what, sizeof what, "%s %#lx", kinds[o->kind].alloc, (unsigned long)o->h);
+    hx_released_note(o->h, o->h + (o->size ? o->size : 1), what, o->ev, EVENTS);
     for (int k = 0; k < EVENTS; k++) {
-        r->ev[k] = o->ev[k];
-        o->ev[k] = NULL;
         o->ev_stream[k] = NULL;
         o->ev_ctx[k] = NULL;
     }
-    pthread_mutex_unlock(&released_lock);
-}
-
-/* An allocation returned o: every kernel submitted before the release of
- * memory it overlaps has completed. */
-static void released_check(struct worker *w, const struct obj *o)
-{
-    uintptr_t lo = o->h, hi = o->h + (o->size ? o->size : 1);
-    pthread_mutex_lock(&released_lock);
-    for (size_t i = 0; i < released_n;) {
-        struct released *r = &released_tab[i];
-        if (r->hi <= lo || hi <= r->lo) {
-            i++;
-            continue;
-        }
-        for (int k = 0; k < EVENTS; k++)
-            if (r->ev[k] && cuEventQuery(r->ev[k]) == CUDA_ERROR_NOT_READY)
-                hx_fail(&w->t, "reuse-early",
-                        "%s returned %#lx, which overlaps %s, released while a kernel "
-                        "submitted before its release (in any context) still writes it",
-                        kinds[o->kind].alloc, (unsigned long)o->h, r->what);
-        reuse_checked++;
-        released_drop(i);
-    }
-    pthread_mutex_unlock(&released_lock);
-}
-
-static void released_clear(void)
-{
-    pthread_mutex_lock(&released_lock);
-    while (released_n)
-        released_drop(released_n - 1);
-    pthread_mutex_unlock(&released_lock);
 }
 
 /* Drops a registration's events (dead with its context when !alive). */
@@ -770,7 +713,7 @@ static void allocate(struct worker *w, enum okind k)
         for (int p = o.page; p < o.page + o.npages; p++)
             w->page_state[p] = PAGE_REGISTERED;
     else if (kinds[k].memory)
-        released_check(w, &o);
+        hx_released_check(&w->t, o.h, o.h + (o.size ? o.size : 1), kinds[o.kind].alloc);
     w->held[w->nheld++] = o;
     w->allocs++;
 }
@@ -1668,6 +1611,7 @@ static bool settled(const size_t *base)
 int main(int argc, char **argv)
 {
     hx_parse(argc, argv, "race", "RACE", DEFAULT_OPS, DEFAULT_THREADS, 500);
+    hx_released_destroy_with(destroy_event);
     const char *env = getenv("RACE_CAPACITY");
     size_t cap = env && *env ? parse_size(env) : (size_t)4 << 20;
     if ((env = getenv("RACE_SKIP"))) {
@@ -1746,7 +1690,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < hx.threads; i++)
         pthread_join(tid[i], NULL);
     double work_s = (double)(hx_now_ns() - t0) / 1e9;
-    released_clear();
+    hx_released_clear();
 
     /* Everything is released: after a synchronisation and a flush, nothing
      * may be left. */
@@ -1810,7 +1754,7 @@ int main(int argc, char **argv)
            "releases of primary(1)\n", spans[SPAN_OWN], spans[SPAN_ROLE], spans[SPAN_GREEN],
            resets);
     printf("race: %llu allocations returned memory released before with its writers "
-           "tracked (reuse-early checked)\n", reuse_checked);
+           "tracked (reuse-early checked)\n", hx_released_checked());
     if (hx_failures()) {
         printf("race: FAILED: %u failures (%s)\n", hx_failures(), hx_failed_invariants());
         return 1;

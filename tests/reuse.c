@@ -51,8 +51,7 @@
 #define DEFAULT_OPS 20000
 #define DEFAULT_THREADS 8
 #define HELD 4      /* blocks a thread holds at most */
-#define WRITERS 4   /* tracked writers of a block */
-#define RELEASED 4096
+#define WRITERS 4   /* tracked writers of a block (at most HX_WRITERS) */
 #define STREAMS 3   /* per thread and context: non-blocking, blocking, per-thread */
 
 enum kind { K_DEVICE, K_HOST, K_MANAGED, K_KINDS };
@@ -82,44 +81,16 @@ struct worker {
 
 static struct worker workers[HX_MAX_THREADS];
 
-/* ---- memory released while its writers may run, and memory held ------------------ */
+/* ---- memory held (memory released while its writers may run: harness.h) -------- */
+
+_Static_assert(WRITERS <= HX_WRITERS, "the table keeps every writer's event");
 
 static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct released {
-    uintptr_t lo, hi;
-    char what[48];
-    CUevent ev[WRITERS];
-    int nev;
-} released[RELEASED];
-static size_t nreleased;
 static struct owned {
     uintptr_t lo, hi;
     int thread;
 } owned[HX_MAX_THREADS * HELD];
 static size_t nowned;
-static unsigned long long checked, unchecked;
-
-static void drop_released(size_t i)
-{
-    for (int k = 0; k < released[i].nev; k++)
-        cuEventDestroy(released[i].ev[k]);
-    released[i] = released[--nreleased];
-}
-
-/* A full table drops the entries whose writers have all finished: no later
- * allocation can fail on them. Under tab_lock. */
-static void prune_finished(void)
-{
-    for (size_t i = 0; i < nreleased;) {
-        bool running = false;
-        for (int k = 0; k < released[i].nev && !running; k++)
-            running = cuEventQuery(released[i].ev[k]) == CUDA_ERROR_NOT_READY;
-        if (running)
-            i++;
-        else
-            drop_released(i);
-    }
-}
 
 /* An allocation returned b: nothing written before a release still runs on
  * it, and nobody holds any of it. */
@@ -131,25 +102,11 @@ static void check_returned(struct worker *w, const struct block *b)
         if (owned[i].lo < hi && lo < owned[i].hi)
             hx_fail(&w->t, "one-owner", "%s block %#lx of %zu bytes overlaps one that thread %d "
                     "holds", kind_names[b->kind], (unsigned long)lo, b->size, owned[i].thread);
-    bool seen = false;
-    for (size_t i = 0; i < nreleased;) {
-        struct released *r = &released[i];
-        if (r->hi <= lo || hi <= r->lo) {
-            i++;
-            continue;
-        }
-        for (int k = 0; k < r->nev; k++)
-            if (cuEventQuery(r->ev[k]) == CUDA_ERROR_NOT_READY)
-                hx_fail(&w->t, "reuse-early",
-                        "the allocation of a %s block returned %#lx, which overlaps %s, released "
-                        "while a kernel submitted before its release still writes it",
-                        kind_names[b->kind], (unsigned long)lo, r->what);
-        seen = true;
-        drop_released(i);
-    }
-    checked += seen;
     owned[nowned++] = (struct owned){lo, hi, w->t.index};
     pthread_mutex_unlock(&tab_lock);
+    char call[64];
+    snprintf(call, sizeof call, "the allocation of a %s block", kind_names[b->kind]);
+    hx_released_check(&w->t, lo, hi, call);
 }
 
 /* b is about to be released: its writers go to the table, and it is no
@@ -162,31 +119,13 @@ static void note_released(struct worker *w, struct block *b)
             owned[i] = owned[--nowned];
             break;
         }
-    if (b->nev) {
-        if (nreleased == RELEASED)
-            prune_finished();
-        if (nreleased == RELEASED) {
-            drop_released(0);
-            unchecked++;
-        }
-        struct released *r = &released[nreleased++];
-        r->lo = b->p;
-        r->hi = b->p + b->size;
-        snprintf(r->what, sizeof r->what, "%s %#lx", kind_names[b->kind], (unsigned long)b->p);
-        memcpy(r->ev, b->ev, sizeof r->ev);
-        r->nev = b->nev;
-    }
-    b->nev = 0;
     pthread_mutex_unlock(&tab_lock);
+    char what[64];
+    snprintf(what, sizeof what, "%s %#lx", kind_names[b->kind], (unsigned long)b->p);
+    hx_released_note(b->p, b->p + b->size, what, b->ev, b->nev);
+    b->nev = 0;
 }
 
-static void clear_tables(void)
-{
-    pthread_mutex_lock(&tab_lock);
-    while (nreleased)
-        drop_released(nreleased - 1);
-    pthread_mutex_unlock(&tab_lock);
-}
 
 /* ---- operations --------------------------------------------------------------------- */
 
@@ -421,7 +360,7 @@ int main(int argc, char **argv)
     for (int c = 0; c < 2; c++)
         if (cuCtxSetCurrent(ctxs[c].h) || cuCtxSynchronize())
             hx_fail(NULL, "result", "cuCtxSynchronize of %s failed at the end", ctxs[c].name);
-    clear_tables();
+    hx_released_clear();
     if (!driver_alone && hx_flush() != 0)
         hx_fail(NULL, "result", "the final cudefer_flush failed");
     for (int i = 0; i < 5000 && !settled(base); i++)
@@ -447,10 +386,10 @@ int main(int argc, char **argv)
            syncs, flushes);
     printf("reuse: %llu allocations returned memory released before with its writers tracked "
            "(reuse-early checked); %llu releases went unchecked (the table was full of writers "
-           "still running)\n", checked, unchecked);
-    if (!driver_alone && checked * 20 < allocs)
+           "still running)\n", hx_released_checked(), hx_released_unchecked());
+    if (!driver_alone && hx_released_checked() * 20 < allocs)
         hx_fail(NULL, "coverage", "only %llu of %llu allocations returned memory released "
-                "before: the run says little about reuse", checked, allocs);
+                "before: the run says little about reuse", hx_released_checked(), allocs);
     if (hx_failures()) {
         printf("reuse: FAILED: %u failures (%s)\n", hx_failures(), hx_failed_invariants());
         return 1;
