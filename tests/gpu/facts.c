@@ -27,7 +27,7 @@
  *                relaxed capture mode, invalidate another thread's global
  *                capture: in the capturing context and in another context
  *                of the same device (a write of a host-mapped word behind
- *                a fence among them)
+ *                a fence among them, and the making of such a word)
  *   beside       whether a call that returns at once (cuGreenCtxDestroy, a
  *                cuDevicePrimaryCtxRelease that is not the last,
  *                cuStreamQuery) waits while another thread's cuMemFreeHost
@@ -643,12 +643,14 @@ enum cap_case {
     CAP_FREE_ASYNC_OTHER, /* cuMemFreeAsync + sync in another context */
     CAP_WRITE_VALUE,    /* cuStreamWaitEvent of a context record, cuStreamWriteValue32 of a
                            host-mapped word, on another non-blocking stream */
+    CAP_HOST_ALLOC,     /* cuMemHostAlloc(4 bytes, DEVICEMAP) and cuMemHostGetDevicePointer:
+                           the fences' word of a context set up during a capture */
     CAP_CASES
 };
 
 static const char *const cap_names[CAP_CASES] = {
     "nothing", "free_async", "mem_free", "event_ops", "event_sync", "ctx_record",
-    "ctx_record_other", "free_async_other", "write_value",
+    "ctx_record_other", "free_async_other", "write_value", "host_alloc",
 };
 
 static struct {
@@ -658,6 +660,7 @@ static struct {
     CUevent before;               /* a context record made before the capture */
     volatile cuuint32_t *word;    /* a host-mapped word, and its device address */
     CUdeviceptr word_dev;
+    void *host;                   /* host_alloc's block, freed after the capture */
 } capf;
 
 /* The relaxed thread: the case's calls while the main thread captures. */
@@ -719,6 +722,13 @@ static void *cap_relaxed(void *arg)
             rc = CUDA_ERROR_UNKNOWN;
         break;
     }
+    case CAP_HOST_ALLOC: {
+        CUdeviceptr dev = 0;
+        rc = cuMemHostAlloc(&capf.host, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+        if (rc == CUDA_SUCCESS)
+            rc = cuMemHostGetDevicePointer(&dev, capf.host, 0);
+        break;
+    }
     }
     capf.rc = rc;
     GC_CHECK(cuStreamSynchronize(s2));
@@ -763,6 +773,9 @@ static int fact_capture(void)
         CUresult end = begin == CUDA_SUCCESS ? cuStreamEndCapture(cs, &g) : begin;
         if (g)
             GC_CHECK(cuGraphDestroy(g));
+        if (capf.host)
+            GC_CHECK(cuMemFreeHost(capf.host));
+        capf.host = NULL;
         printf("RESULT capture_fact case=%s relaxed_call_rc=%s begin_rc=%s end_rc=%s\n",
                cap_names[k], gc_rc(capf.rc), gc_rc(begin), gc_rc(end));
         fflush(stdout);
