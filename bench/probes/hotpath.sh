@@ -6,7 +6,8 @@
 #   OUT=/some/folder bench/probes/hotpath.sh [SHIM] [REPEATS]
 #
 # 1. cudefer-phases without the shim, with it, with it and CUDEFER_STATS=1,
-#    and with it again (ns per call).
+#    with it again, with CUDEFER_KEEP=1T and with CUDEFER_FENCE_WORD=0 (ns
+#    per call).
 # 2. cudefer-phases --sample ITERS --sample-offsets with the shim, at the
 #    default and with CUDEFER_KEEP=1T: SIGPROF samples of the dev4k loop;
 #    the samples inside libcudefer.so are resolved to functions with
@@ -45,8 +46,8 @@ P=$B/bench/cudefer-phases
     LD_PRELOAD=$S timeout 120 "$P"
     echo "== phases, with cudefer and CUDEFER_KEEP=1T"
     LD_PRELOAD=$S CUDEFER_KEEP=1T timeout 120 "$P"
-    echo "== phases, with cudefer and CUDEFER_FENCE_WORD=1 (reuses read the fences' word)"
-    LD_PRELOAD=$S CUDEFER_FENCE_WORD=1 timeout 120 "$P"
+    echo "== phases, with cudefer and CUDEFER_FENCE_WORD=0 (reuses query the fences' events)"
+    LD_PRELOAD=$S CUDEFER_FENCE_WORD=0 timeout 120 "$P"
 } >"$O/phases.log" 2>&1
 
 real=$(readlink -f "$S")
