@@ -83,7 +83,7 @@ struct cd_ctx {
     CUstream spare;      /* never waits: frees whose fence has passed */
     CUevent fence;       /* shared: a later record covers an earlier one */
     /* The fences' word (fence.h), in host memory the GPU writes through
-     * word_dev; NULL without CUDEFER_FENCE_WORD=1 or when it could not be made.
+     * word_dev; NULL with CUDEFER_FENCE_WORD=0 or when it could not be made.
      * word_given: the newest number a fence took; word_asked: the newest
      * one whose write is queued on priv (under word_lock, which queues one
      * at a time). */
