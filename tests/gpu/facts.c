@@ -36,6 +36,10 @@
  *                fence (cuStreamWaitEvent, cuStreamWriteValue32 on a stream
  *                of its own): the calls' cost, and how long after the
  *                fence's event the host sees it (never before)
+ *   sizes        from which size a cuMemFree of cuMemAlloc memory waits for
+ *                a kernel that runs on another stream (and does not touch
+ *                the block): each size alone, and beside a live block of
+ *                the same size allocated just before it
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -889,6 +893,44 @@ static int fact_word(void)
     return 0;
 }
 
+/* ---- which cuMemFree waits: sizes ------------------------------------------ */
+
+static int fact_sizes(void)
+{
+    static const size_t sizes[] = {4 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20,
+                                   8 << 20};
+    gc_init();
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (int beside = 0; beside < 2; beside++) {
+            CUdeviceptr keep = 0, d;
+            if (beside)
+                GC_CHECK(cuMemAlloc(&keep, sizes[i]));
+            GC_CHECK(cuMemAlloc(&d, sizes[i]));
+            GC_CHECK(fill_all(s, d, sizes[i]));
+            GC_CHECK(cuStreamSynchronize(s));
+            GC_CHECK(gc_spin(&kernels, s, 300.0, 0, 0));
+            gc_sleep_ms(20.0);
+            double t0 = gc_now_ms();
+            GC_CHECK(cuMemFree(d));
+            double free_ms = gc_now_ms() - t0;
+            CUresult q = cuStreamQuery(s);
+            GC_CHECK(cuCtxSynchronize());
+            if (keep)
+                GC_CHECK(cuMemFree(keep));
+            printf("RESULT free_size bytes=%zu shape=%s kernel_ms=300 free_ms=%.3f "
+                   "kernel_still_running=%d\n",
+                   sizes[i], beside ? "beside_live_block" : "alone", free_ms,
+                   q == CUDA_ERROR_NOT_READY);
+            fflush(stdout);
+        }
+    }
+    GC_CHECK(cuStreamDestroy(s));
+    return 0;
+}
+
 /* ---- a call beside another thread's waiting release ---------------------- */
 
 struct beside {
@@ -958,6 +1000,7 @@ int main(int argc, char **argv)
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
         {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
+        {"sizes", fact_sizes},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
