@@ -14,6 +14,12 @@
 # a run stopped by its limit still counts what it finished), and whether
 # cudefer printed anything on stderr besides its statistics.
 #
+# CuPy's suite with its memory pools off in both runs (every array a
+# cudaMalloc and a cudaFree; tests/gpu/cupy_pools_off.py):
+#
+#     PYTHONPATH=$PWD/tests/gpu OUT=... scripts/gpu-suite.sh ../cupy/tests \
+#         -p cupy_pools_off cupy_tests/core_tests/test_ndarray_indexing.py
+#
 # Environment: OUT (default ./gpu-out/suite), SUITE_LIMIT_S (each run's
 # limit, default 240), SUITE_CUDEFER (CUDEFER_* settings, NAME=VALUE words,
 # for the run with cudefer).
