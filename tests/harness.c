@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "testdriver.h"
+
 struct hx_run hx;
 struct hx_thread *hx_threads[HX_MAX_THREADS];
 
@@ -286,6 +288,39 @@ void hx_fail(struct hx_thread *t, const char *invariant, const char *fmt, ...)
         _exit(1);
     }
     pthread_mutex_unlock(&report_lock);
+}
+
+bool hx_expect(struct hx_thread *t, const char *call, CUresult rc, CUresult want)
+{
+    if (rc == want)
+        return true;
+    hx_fail(t, "result", "%s returned %s, the driver alone would return %s", call, hx_rc(rc),
+            hx_rc(want));
+    return false;
+}
+
+/* True once for each new value of a global counter: the thread that moves
+ * *reported up to now reports it. */
+static bool newly(_Atomic uint64_t *reported, uint64_t now)
+{
+    uint64_t seen = atomic_load(reported);
+    while (now > seen)
+        if (atomic_compare_exchange_weak(reported, &seen, now))
+            return true;
+    return false;
+}
+
+static _Atomic uint64_t faults_reported, dead_reported;
+
+void hx_check_always(struct hx_thread *t)
+{
+    uint64_t faults = testdrv_faults(), dead = testdrv_dead_context_calls();
+    if (newly(&faults_reported, faults))
+        hx_fail(t, "fault", "%llu kernel touches of memory that was not live",
+                (unsigned long long)faults);
+    if (newly(&dead_reported, dead))
+        hx_fail(t, "dead-context", "%llu calls named a destroyed context",
+                (unsigned long long)dead);
 }
 
 unsigned hx_failures(void)

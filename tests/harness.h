@@ -96,6 +96,17 @@ const char *hx_rc(CUresult rc);
 void hx_fail(struct hx_thread *t, const char *invariant, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The driver alone would answer want: anything else fails invariant
+ * "result" for t. Whether rc was want. */
+bool hx_expect(struct hx_thread *t, const char *call, CUresult rc, CUresult want);
+
+/* The invariants checked after every operation, and once more at the end
+ * (t: the thread that checks, or NULL for the main thread): no kernel
+ * touched memory that was not live ("fault"), no call named a destroyed
+ * context ("dead-context"). The test driver's counts only grow: each new
+ * count is reported once, by the thread that sees it first. */
+void hx_check_always(struct hx_thread *t);
+
 /* Failures reported so far, and a one-line list of the invariants. */
 unsigned hx_failures(void);
 const char *hx_failed_invariants(void);

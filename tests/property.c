@@ -542,37 +542,6 @@ static CUstream *cur_streams(struct worker *w)
     return w->span == SPAN_NONE ? w->home_streams : w->span_streams;
 }
 
-static bool expect(struct worker *w, const char *call, CUresult rc, CUresult want)
-{
-    if (rc == want)
-        return true;
-    hx_fail(&w->t, "result", "%s returned %s, the driver alone would return %s", call,
-            hx_rc(rc), hx_rc(want));
-    return false;
-}
-
-static _Atomic uint64_t faults_reported, dead_reported;
-
-static bool newly(_Atomic uint64_t *reported, uint64_t now)
-{
-    uint64_t seen = atomic_load(reported);
-    while (now > seen)
-        if (atomic_compare_exchange_weak(reported, &seen, now))
-            return true;
-    return false;
-}
-
-static void check_always(struct worker *w)
-{
-    uint64_t faults = testdrv_faults(), dead = testdrv_dead_context_calls();
-    if (newly(&faults_reported, faults))
-        hx_fail(&w->t, "fault", "%llu kernel touches of memory that was not live",
-                (unsigned long long)faults);
-    if (newly(&dead_reported, dead))
-        hx_fail(&w->t, "dead-context", "%llu calls named a destroyed context",
-                (unsigned long long)dead);
-}
-
 /* ---- measuring a call -------------------------------------------------------------------- */
 
 struct probe {
@@ -1094,8 +1063,8 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
          * correct program orders a stream-ordered free after its uses. */
         CUstream s = cur_streams(w)[0];
         if ((a == A_POOL || a == A_POOL_PTSZ) &&
-            !expect(w, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool(&pool, c->dev),
-                    CUDA_SUCCESS))
+            !hx_expect(&w->t, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool(&pool, c->dev),
+                       CUDA_SUCCESS))
             return;
         o.kind = K_ASYNC;
         o.bytes = o.size = n;
@@ -1151,7 +1120,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         w->overlap_waits++;
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && kinds[o.kind].cls != CLS_NONE)
         return;
-    if (!expect(w, name, rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, name, rc, CUDA_SUCCESS))
         return;
     if (o.kind == K_REGISTERED)
         for (int k = o.page; k < o.page + o.npages; k++) {
@@ -1165,13 +1134,13 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         CUkernel kern = NULL;
         const char *fname = o.kind == K_MODULE ? "cuModuleGetFunction" : "cuKernelGetFunction";
         if (o.kind == K_LIBRARY)
-            expect(w, "cuLibraryGetKernel", cuLibraryGetKernel(&kern, (CUlibrary)o.h, "k"),
-                   CUDA_SUCCESS);
+            hx_expect(&w->t, "cuLibraryGetKernel", cuLibraryGetKernel(&kern, (CUlibrary)o.h, "k"),
+                      CUDA_SUCCESS);
         probe_begin(w, &p, fname, "in %s", c->name);
         rc = o.kind == K_MODULE ? cuModuleGetFunction(&o.fn, (CUmodule)o.h, "k")
                                 : cuKernelGetFunction(&o.fn, kern);
         probe_end(w, &p, rc, false);
-        if (expect(w, fname, rc, CUDA_SUCCESS))
+        if (hx_expect(&w->t, fname, rc, CUDA_SUCCESS))
             o.fn_ctx = c, o.loaded = true;
     }
     w->held[w->nheld++] = o;
@@ -1300,13 +1269,13 @@ static void release(struct worker *w, int i)
         hx_begin(&w->t, "cuMemRelease(%#lx)", (unsigned long)o.h);
         rc = cuMemRelease((CUmemGenericAllocationHandle)o.h);
         hx_end(&w->t, rc);
-        expect(w, "cuMemRelease", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuMemRelease", rc, CUDA_SUCCESS);
         return;
     default:
         return;
     }
     probe_end(w, &p, rc, false);
-    expect(w, name, rc, CUDA_SUCCESS);
+    hx_expect(&w->t, name, rc, CUDA_SUCCESS);
     if (o.kind == K_REGISTERED) {
         for (int k = 0; k < EVENTS; k++) {
             if (!o.ev[k])
@@ -1317,7 +1286,7 @@ static void release(struct worker *w, int i)
                         "cuMemHostUnregister(%p) returned while a kernel that writes its pages "
                         "(queued before the call) still ran", (void *)o.h);
             else
-                expect(w, "cuEventQuery", q, CUDA_SUCCESS);
+                hx_expect(&w->t, "cuEventQuery", q, CUDA_SUCCESS);
         }
         drop_events(&o, true);
         set_canaries(w, &o, true);
@@ -1377,13 +1346,13 @@ static void launch(struct worker *w)
     CUresult rc = testdrv_launch(s, usec, o ? (CUdeviceptr)o->h : 0, o ? o->size : 0,
                                  o ? TESTDRV_WRITE : TESTDRV_NONE);
     hx_end(&w->t, rc);
-    expect(w, "testdrv_launch", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && slot >= 0) {
         if (!o->ev[slot])
-            expect(w, "cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
-                   CUDA_SUCCESS);
+            hx_expect(&w->t, "cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
+                      CUDA_SUCCESS);
         o->ev_stream[slot] = s;
-        expect(w, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
+        hx_expect(&w->t, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
     }
     if (legacy)
         hx_legacy_exit(c);
@@ -1404,7 +1373,7 @@ static void launch_function(struct worker *w)
                            : cuLaunchKernel(o->fn, 1, 1, 1, 32, 1, 1, 0, cur_streams(w)[1],
                                             NULL, NULL);
         probe_end(w, &p, rc, false);
-        expect(w, "cuLaunchKernel", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuLaunchKernel", rc, CUDA_SUCCESS);
         return;
     }
 }
@@ -1428,7 +1397,7 @@ static void create_stream(struct worker *w, CUstream *s)
         rc = cuStreamCreate(s, CU_STREAM_NON_BLOCKING);
     }
     probe_end(w, &p, rc, false);
-    if (!expect(w, "cuStreamCreate", rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, "cuStreamCreate", rc, CUDA_SUCCESS))
         *s = NULL;
 }
 
@@ -1441,7 +1410,7 @@ static void destroy_stream(struct worker *w, CUstream *s)
     probe_begin(w, &p, v1 ? "cuStreamDestroy" : "cuStreamDestroy_v2", "in %s", cur(w)->name);
     CUresult rc = v1 ? api.stream_destroy_v1(*s) : cuStreamDestroy(*s);
     probe_end(w, &p, rc, false);
-    expect(w, "cuStreamDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamDestroy", rc, CUDA_SUCCESS);
     *s = NULL;
 }
 
@@ -1460,7 +1429,7 @@ static void end_capture_on(struct worker *w, CUstream s, bool ptsz)
                 cur(w)->name);
     CUresult rc = ptsz ? api.end_capture_ptsz(NULL, &g) : cuStreamEndCapture(s, &g);
     probe_end(w, &p, rc, false);
-    expect(w, "cuStreamEndCapture", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamEndCapture", rc, CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && g && g != w->graph) {
         if (w->graph)
             cuGraphDestroy(w->graph);
@@ -1496,7 +1465,7 @@ static void capture_op(struct worker *w)
         rc = name[20] == 'T' ? cuStreamBeginCaptureToGraph(s, w->graph, NULL, NULL, 0, relaxed)
                              : cuStreamBeginCapture(s, relaxed);
         probe_end(w, &p, rc, false);
-        w->capturing = expect(w, name, rc, CUDA_SUCCESS);
+        w->capturing = hx_expect(&w->t, name, rc, CUDA_SUCCESS);
         return;
     }
     /* The per-thread stream (a blocking one), or stream 1 in GLOBAL mode,
@@ -1528,11 +1497,11 @@ static void capture_op(struct worker *w)
     else
         rc = api.begin_capture_v2_ptsz(NULL, relaxed);
     probe_end(w, &p, rc, false);
-    if (expect(w, name, rc, CUDA_SUCCESS)) {
+    if (hx_expect(&w->t, name, rc, CUDA_SUCCESS)) {
         hx_begin(&w->t, "testdrv_launch (captured)");
         rc = testdrv_launch(s, 10, 0, 0, TESTDRV_NONE);
         hx_end(&w->t, rc);
-        expect(w, "testdrv_launch", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS);
         end_capture_on(w, s, ptsz);
     }
     if (per_thread)
@@ -1548,13 +1517,13 @@ static void spin_here(struct worker *w)
     hx_begin(&w->t, "testdrv_launch_spin in %s", cur(w)->name);
     CUresult rc = testdrv_launch_spin(w->span_streams[0], current_flag());
     hx_end(&w->t, rc);
-    expect(w, "testdrv_launch_spin", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "testdrv_launch_spin", rc, CUDA_SUCCESS);
 }
 
 static void pop_current(struct worker *w)
 {
     CUcontext popped;
-    expect(w, "cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
 }
 
 static void begin_own(struct worker *w)
@@ -1568,7 +1537,7 @@ static void begin_own(struct worker *w)
     probe_begin(w, &p, names[version], "on device %d", dev);
     CUresult rc = hx_ctx_create(version, &h, dev);
     probe_end(w, &p, rc, false);
-    if (!expect(w, names[version], rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, names[version], rc, CUDA_SUCCESS))
         return;
     w->own = (struct hx_ctx){.name = "own", .h = h, .dev = dev};
     w->span = SPAN_OWN;
@@ -1584,7 +1553,7 @@ static void end_own(struct worker *w)
     probe_begin(w, &p, v1 ? "cuCtxDestroy" : "cuCtxDestroy_v2", "(own context)");
     CUresult rc = v1 ? api.ctx_destroy_v1(w->own.h) : api.ctx_destroy_v2(w->own.h);
     probe_end(w, &p, rc, true);
-    expect(w, "cuCtxDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxDestroy", rc, CUDA_SUCCESS);
     forget_context(w, &w->own);
 }
 
@@ -1601,7 +1570,7 @@ static CUresult primary_retain(struct worker *w, int dev, CUcontext *h)
         role_refs += rc == CUDA_SUCCESS;
         pthread_mutex_unlock(&role_calls);
     }
-    expect(w, "cuDevicePrimaryCtxRetain", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuDevicePrimaryCtxRetain", rc, CUDA_SUCCESS);
     return rc;
 }
 
@@ -1621,7 +1590,7 @@ static void primary_release(struct worker *w, int dev)
         pthread_mutex_unlock(&role_calls);
     }
     w->last_releases += last;
-    expect(w, "cuDevicePrimaryCtxRelease", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuDevicePrimaryCtxRelease", rc, CUDA_SUCCESS);
 }
 
 static void begin_role(struct worker *w)
@@ -1633,7 +1602,7 @@ static void begin_role(struct worker *w)
         pthread_rwlock_unlock(&role_rw);
         return;
     }
-    expect(w, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
     /* main learnt the handle: a primary context keeps it across its
      * releases, so this writes only if it ever changed. */
     if (slot_role.h != h)
@@ -1663,10 +1632,10 @@ static void reset_op(struct worker *w)
     CUcontext h = NULL;
     if (primary_retain(w, 1, &h) == CUDA_SUCCESS) {
         CUstream s = NULL;
-        expect(w, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
+        hx_expect(&w->t, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
         if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS)
-            expect(w, "testdrv_launch_spin", testdrv_launch_spin(s, current_flag()),
-                   CUDA_SUCCESS);
+            hx_expect(&w->t, "testdrv_launch_spin", testdrv_launch_spin(s, current_flag()),
+                      CUDA_SUCCESS);
         bool v1 = hx_below(&w->t, 2);
         struct probe p;
         pthread_mutex_lock(&role_calls);
@@ -1675,7 +1644,7 @@ static void reset_op(struct worker *w)
         probe_end(w, &p, rc, true);
         role_refs = 0;
         pthread_mutex_unlock(&role_calls);
-        expect(w, "cuDevicePrimaryCtxReset", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuDevicePrimaryCtxReset", rc, CUDA_SUCCESS);
         pop_current(w);
     }
     pthread_rwlock_unlock(&role_rw);
@@ -1689,14 +1658,14 @@ static void begin_green(struct worker *w)
     hx_begin(&w->t, "cuGreenCtxCreate on device 0");
     CUresult rc = hx_green_create(0, 16, &g, &h); /* its cuCtxFromGreenCtx is measured below */
     hx_end(&w->t, rc);
-    if (!expect(w, "cuGreenCtxCreate", rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, "cuGreenCtxCreate", rc, CUDA_SUCCESS))
         return;
     CUcontext again = NULL;
     probe_begin(w, &p, "cuCtxFromGreenCtx", "%s", "");
     rc = ((CUresult(*)(CUcontext *, CUgreenCtx))hx_sym("cuCtxFromGreenCtx"))(&again, g);
     probe_end(w, &p, rc, false);
-    expect(w, "cuCtxFromGreenCtx", rc, CUDA_SUCCESS);
-    expect(w, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxFromGreenCtx", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
     w->own = (struct hx_ctx){.name = "green(0)", .h = h, .green = g, .dev = 0};
     w->span = SPAN_GREEN;
 }
@@ -1717,7 +1686,7 @@ static void end_green(struct worker *w)
     probe_begin(w, &p, "cuGreenCtxDestroy", "%s", "");
     CUresult rc = hx_green_destroy(w->own.green);
     probe_end(w, &p, rc, false);
-    expect(w, "cuGreenCtxDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuGreenCtxDestroy", rc, CUDA_SUCCESS);
 }
 
 static void begin_span(struct worker *w)
@@ -1776,7 +1745,7 @@ static void allowed_call(struct worker *w)
     probe_begin(w, &p, v2 ? "cuCtxSynchronize_v2" : "cuCtxSynchronize", "in %s", cur(w)->name);
     rc = v2 ? api.ctx_sync_v2(cur(w)->h) : cuCtxSynchronize();
     probe_end(w, &p, rc, true);
-    expect(w, "cuCtxSynchronize", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxSynchronize", rc, CUDA_SUCCESS);
 }
 
 static void lookup(struct worker *w)
@@ -1790,7 +1759,7 @@ static void lookup(struct worker *w)
     probe_begin(w, &p, v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress", "(%s)", sym);
     CUresult rc = v2 ? cuGetProcAddress(sym, &fn, 12000, 0, NULL) : api.proc_v1(sym, &fn, 12000, 0);
     probe_end(w, &p, rc, false);
-    expect(w, "cuGetProcAddress", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuGetProcAddress", rc, CUDA_SUCCESS);
 }
 
 static void primary0_pair(struct worker *w)
@@ -1846,14 +1815,14 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    expect(w, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
-           CUDA_SUCCESS);
-    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
+              CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
     for (int i = 0; i < STREAMS; i++)
         create_stream(w, &w->home_streams[i]);
     for (unsigned long long n = 0; n < w->t.ops; n++) {
         one_operation(w);
-        check_always(w);
+        hx_check_always(&w->t);
         atomic_store_explicit(&w->t.done, n + 1, memory_order_relaxed);
     }
     hx_note(&w->t, "-- the end: release everything");
@@ -1869,7 +1838,7 @@ static void *worker_main(void *arg)
         cuGraphDestroy(w->graph);
     for (int p = 0; p < REG_PAGES; p++)
         check_canary(w, p);
-    check_always(w);
+    hx_check_always(&w->t);
     return NULL;
 }
 
@@ -2024,12 +1993,7 @@ int main(int argc, char **argv)
             hx_fail(NULL, "result", "the end of %s failed", shared[i]->name);
     if (!driver_alone && hx_flush() != 0)
         hx_fail(NULL, "result", "the final cudefer_flush failed");
-    if (newly(&faults_reported, testdrv_faults()))
-        hx_fail(NULL, "fault", "%llu kernel touches of memory that was not live",
-                (unsigned long long)testdrv_faults());
-    if (newly(&dead_reported, testdrv_dead_context_calls()))
-        hx_fail(NULL, "dead-context", "%llu calls named a destroyed context",
-                (unsigned long long)testdrv_dead_context_calls());
+    hx_check_always(NULL);
     hx_watchdog_stop();
 
     unsigned long long oom = 0, overlap = 0, last = 0;

@@ -353,42 +353,6 @@ static CUstream *cur_streams(struct worker *w)
     return w->span == SPAN_NONE ? w->home_streams : w->span_streams;
 }
 
-/* The driver alone would answer want: anything else fails invariant
- * 'result'. */
-static bool expect(struct worker *w, const char *call, CUresult rc, CUresult want)
-{
-    if (rc == want)
-        return true;
-    hx_fail(&w->t, "result", "%s returned %s, the driver alone would return %s", call,
-            hx_rc(rc), hx_rc(want));
-    return false;
-}
-
-/* True once for each new value of a global counter: the thread that moves
- * *reported up to now reports it. */
-static bool newly(_Atomic uint64_t *reported, uint64_t now)
-{
-    uint64_t seen = atomic_load(reported);
-    while (now > seen)
-        if (atomic_compare_exchange_weak(reported, &seen, now))
-            return true;
-    return false;
-}
-
-static _Atomic uint64_t faults_reported, dead_reported;
-
-/* Invariants checked after every operation. */
-static void check_always(struct worker *w)
-{
-    uint64_t faults = testdrv_faults(), dead = testdrv_dead_context_calls();
-    if (newly(&faults_reported, faults))
-        hx_fail(&w->t, "fault", "%llu kernel touches of memory that was not live",
-                (unsigned long long)faults);
-    if (newly(&dead_reported, dead))
-        hx_fail(&w->t, "dead-context", "%llu calls named a destroyed context",
-                (unsigned long long)dead);
-}
-
 static size_t pick_size(struct worker *w)
 {
     if (w->again_size) {
@@ -484,7 +448,7 @@ static void check_writers_done(struct worker *w, struct obj *o)
                     "cuMemHostUnregister(%p) returned while a kernel that writes its pages "
                     "(queued before the call) still ran", (void *)o->h);
         else
-            expect(w, "cuEventQuery", rc, CUDA_SUCCESS);
+            hx_expect(&w->t, "cuEventQuery", rc, CUDA_SUCCESS);
     }
 }
 
@@ -498,8 +462,8 @@ static void record_writer(struct worker *w, struct obj *o, int slot, CUstream s,
         o->ev[slot] = NULL;
     }
     if (!o->ev[slot]) {
-        if (!expect(w, "cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
-                    CUDA_SUCCESS)) {
+        if (!hx_expect(&w->t, "cuEventCreate", cuEventCreate(&o->ev[slot], CU_EVENT_DISABLE_TIMING),
+                       CUDA_SUCCESS)) {
             o->ev[slot] = NULL;
             return;
         }
@@ -507,7 +471,7 @@ static void record_writer(struct worker *w, struct obj *o, int slot, CUstream s,
     }
     o->ev_stream[slot] = s;
     o->ev_ctx[slot] = c;
-    expect(w, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
 }
 
 /* The slot of o's events for stream s (the same stream's slot, or a free
@@ -535,7 +499,7 @@ static bool judge_alloc(struct worker *w, const char *call, CUresult rc, enum cl
     if (rc == CUDA_SUCCESS)
         return true;
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || c == CLS_NONE)
-        return expect(w, call, rc, CUDA_SUCCESS);
+        return hx_expect(&w->t, call, rc, CUDA_SUCCESS);
     /* What the driver holds that is not the program's: device frees not
      * yet synchronised, and cudefer's own pinned words (own.h). */
     size_t pending = c == CLS_DEVICE
@@ -644,13 +608,13 @@ static void allocate(struct worker *w, enum okind k)
         CUmodule m = NULL;
         rc = cuModuleLoadData(&m, image);
         hx_end(&w->t, rc);
-        if (!expect(w, "cuModuleLoadData", rc, CUDA_SUCCESS))
+        if (!hx_expect(&w->t, "cuModuleLoadData", rc, CUDA_SUCCESS))
             return;
         o.h = (uintptr_t)m;
         hx_begin(&w->t, "cuModuleGetFunction");
         rc = cuModuleGetFunction(&o.fn, m, "k");
         hx_end(&w->t, rc);
-        expect(w, "cuModuleGetFunction", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuModuleGetFunction", rc, CUDA_SUCCESS);
         o.fn_ctx = c;
         w->held[w->nheld++] = o;
         w->allocs++;
@@ -662,7 +626,7 @@ static void allocate(struct worker *w, enum okind k)
         CUlibrary lib = NULL;
         rc = cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
         hx_end(&w->t, rc);
-        if (!expect(w, "cuLibraryLoadData", rc, CUDA_SUCCESS))
+        if (!hx_expect(&w->t, "cuLibraryLoadData", rc, CUDA_SUCCESS))
             return;
         o.h = (uintptr_t)lib;
         o.ctx = NULL;
@@ -673,7 +637,7 @@ static void allocate(struct worker *w, enum okind k)
             if (rc == CUDA_SUCCESS)
                 rc = cuKernelGetFunction(&o.fn, kern);
             hx_end(&w->t, rc);
-            if (expect(w, "cuKernelGetFunction", rc, CUDA_SUCCESS))
+            if (hx_expect(&w->t, "cuKernelGetFunction", rc, CUDA_SUCCESS))
                 o.fn_ctx = c;
         }
         w->held[w->nheld++] = o;
@@ -747,7 +711,7 @@ static void release(struct worker *w, int i)
              o.ctx ? o.ctx->name : "no context");
     CUresult rc = release_call(&o);
     hx_end(&w->t, rc);
-    expect(w, kinds[o.kind].release, rc, CUDA_SUCCESS);
+    hx_expect(&w->t, kinds[o.kind].release, rc, CUDA_SUCCESS);
     if (o.kind == K_REGISTERED) {
         check_writers_done(w, &o);
         drop_events(&o, true);
@@ -863,7 +827,7 @@ static void launch(struct worker *w)
                 CUresult rc = api.launch_kernel_ptsz(o->fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL,
                                                      NULL);
                 hx_end(&w->t, rc);
-                expect(w, "cuLaunchKernel_ptsz", rc, CUDA_SUCCESS);
+                hx_expect(&w->t, "cuLaunchKernel_ptsz", rc, CUDA_SUCCESS);
                 return;
             }
         }
@@ -891,7 +855,7 @@ static void launch(struct worker *w)
     CUresult rc = testdrv_launch(s, usec, o ? (CUdeviceptr)o->h : 0, o ? o->size : 0,
                                  o ? access : TESTDRV_NONE);
     hx_end(&w->t, rc);
-    expect(w, "testdrv_launch", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && slot >= 0)
         record_writer(w, o, slot, s, c);
     if (legacy)
@@ -919,10 +883,10 @@ static void launch_across(struct worker *w)
         launch(w);
         return;
     }
-    if (!expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
+    if (!hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
         return;
-    if (!w->across && !expect(w, "cuStreamCreate",
-                              cuStreamCreate(&w->across, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS))
+    if (!w->across && !hx_expect(&w->t, "cuStreamCreate",
+                                 cuStreamCreate(&w->across, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS))
         w->across = NULL;
     int slot = w->across ? event_slot(o, w->across) : -1;
     if (slot >= 0) {
@@ -936,10 +900,10 @@ static void launch_across(struct worker *w)
                  kinds[o->kind].alloc, (unsigned long)o->h, home->name, other->name);
         CUresult rc = testdrv_launch(w->across, usec, (CUdeviceptr)o->h, o->size, TESTDRV_WRITE);
         hx_end(&w->t, rc);
-        if (expect(w, "testdrv_launch", rc, CUDA_SUCCESS))
+        if (hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS))
             record_writer(w, o, slot, w->across, other);
     }
-    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
 }
 
 /* The other shared context's stream of launch_across goes (at the end). */
@@ -948,10 +912,10 @@ static void destroy_across(struct worker *w)
     if (!w->across)
         return;
     struct hx_ctx *other = w->home == &slot_primary ? &slot_user : &slot_primary;
-    if (expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
-        expect(w, "cuStreamDestroy", cuStreamDestroy(w->across), CUDA_SUCCESS);
+    if (hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(other->h), CUDA_SUCCESS))
+        hx_expect(&w->t, "cuStreamDestroy", cuStreamDestroy(w->across), CUDA_SUCCESS);
     w->across = NULL;
-    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
 }
 
 /* ---- synchronisation ----------------------------------------------------------------- */
@@ -968,7 +932,7 @@ static void synchronize(struct worker *w)
         uint64_t foreign = testdrv_thread_foreign_syncs();
         rc = cuCtxSynchronize();
         hx_end(&w->t, rc);
-        expect(w, "cuCtxSynchronize", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuCtxSynchronize", rc, CUDA_SUCCESS);
         /* The program never makes a stream wait for another context's
          * work: neither may the engine's fences. */
         if (testdrv_thread_foreign_syncs() != foreign)
@@ -987,13 +951,13 @@ static void synchronize(struct worker *w)
                  stream_name(which), c->name);
         rc = how == 2 && which == STREAMS ? api.stream_sync_ptsz(NULL) : cuStreamSynchronize(s);
         hx_end(&w->t, rc);
-        expect(w, "cuStreamSynchronize", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuStreamSynchronize", rc, CUDA_SUCCESS);
     } else if (how == 3) {
         hx_begin(&w->t, "cuStreamQuery(%s) in %s", stream_name(which), c->name);
         rc = cuStreamQuery(s);
         hx_end(&w->t, rc);
         if (rc != CUDA_ERROR_NOT_READY)
-            expect(w, "cuStreamQuery", rc, CUDA_SUCCESS);
+            hx_expect(&w->t, "cuStreamQuery", rc, CUDA_SUCCESS);
     } else {
         CUevent ev;
         hx_begin(&w->t, "cuEventRecord + cuEventSynchronize(%s) in %s", stream_name(which),
@@ -1008,7 +972,7 @@ static void synchronize(struct worker *w)
                 rc = drc;
         }
         hx_end(&w->t, rc);
-        expect(w, "cuEventRecord/cuEventSynchronize", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuEventRecord/cuEventSynchronize", rc, CUDA_SUCCESS);
     }
     if (legacy)
         hx_legacy_exit(c);
@@ -1045,7 +1009,7 @@ static CUresult create_stream(struct worker *w, CUstream *s)
         rc = cuStreamCreateWithPriority(s, flags, prio);
     }
     hx_end(&w->t, rc);
-    expect(w, "cuStreamCreate", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamCreate", rc, CUDA_SUCCESS);
     return rc;
 }
 
@@ -1062,7 +1026,7 @@ static void destroy_stream(struct worker *w, int i)
              mid_capture ? " (in the middle of its capture)" : "");
     CUresult rc = v1 ? api.stream_destroy_v1(streams[i]) : cuStreamDestroy(streams[i]);
     hx_end(&w->t, rc);
-    expect(w, "cuStreamDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamDestroy", rc, CUDA_SUCCESS);
     streams[i] = NULL;
     if (mid_capture) {
         if (!w->cap.invalidated)
@@ -1087,7 +1051,7 @@ static bool stream_blocking(struct worker *w, int i)
 {
     unsigned flags = 0;
     CUresult rc = cuStreamGetFlags(cur_streams(w)[i], &flags);
-    expect(w, "cuStreamGetFlags", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamGetFlags", rc, CUDA_SUCCESS);
     return !(flags & CU_STREAM_NON_BLOCKING);
 }
 
@@ -1120,7 +1084,7 @@ static void begin_capture(struct worker *w)
     default: rc = api.to_graph_ptsz(NULL, w->graph, NULL, NULL, 0, relaxed); break;
     }
     hx_end(&w->t, rc);
-    if (!expect(w, "cuStreamBeginCapture", rc, CUDA_SUCCESS)) {
+    if (!hx_expect(&w->t, "cuStreamBeginCapture", rc, CUDA_SUCCESS)) {
         if (blocking)
             hx_blocking_capture_exit(c);
         return;
@@ -1142,8 +1106,8 @@ static void end_capture(struct worker *w)
                        : cuStreamEndCapture(per_thread ? CU_STREAM_PER_THREAD
                                                        : cur_streams(w)[cp->stream], &g);
     hx_end(&w->t, rc);
-    expect(w, "cuStreamEndCapture", rc,
-           cp->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    hx_expect(&w->t, "cuStreamEndCapture", rc,
+              cp->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && g && g != w->graph) {
         if (w->graph)
             cuGraphDestroy(w->graph);
@@ -1166,7 +1130,8 @@ static void invalidate_capture(struct worker *w)
     atomic_fetch_add(&expected_invalidations, 1);
     w->invalidations++;
     cp->invalidated = true;
-    expect(w, "cuStreamQuery of a capturing stream", rc, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    hx_expect(&w->t, "cuStreamQuery of a capturing stream", rc,
+              CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 }
 
 /* A GLOBAL or THREAD_LOCAL capture of a few launches, begun and ended here:
@@ -1187,18 +1152,18 @@ static void strict_capture(struct worker *w)
                                         : CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     CUresult rc = how == 0 ? api.begin_capture_v1(s) : cuStreamBeginCapture(s, mode);
     hx_end(&w->t, rc);
-    if (expect(w, "cuStreamBeginCapture", rc, CUDA_SUCCESS)) {
+    if (hx_expect(&w->t, "cuStreamBeginCapture", rc, CUDA_SUCCESS)) {
         for (unsigned k = 1 + hx_below(&w->t, 3); k; k--) {
             hx_begin(&w->t, "testdrv_launch(stream %d, captured)", i);
             rc = testdrv_launch(s, 10, 0, 0, TESTDRV_NONE);
             hx_end(&w->t, rc);
-            expect(w, "testdrv_launch", rc, CUDA_SUCCESS);
+            hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS);
         }
         CUgraph g = NULL;
         hx_begin(&w->t, "cuStreamEndCapture(stream %d)", i);
         rc = cuStreamEndCapture(s, &g);
         hx_end(&w->t, rc);
-        expect(w, "cuStreamEndCapture", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuStreamEndCapture", rc, CUDA_SUCCESS);
         if (rc == CUDA_SUCCESS && g)
             cuGraphDestroy(g);
     }
@@ -1243,7 +1208,7 @@ static void begin_own(struct worker *w)
                                                   : version == 3 ? "_v3" : "_v4", dev);
     CUresult rc = hx_ctx_create(version, &h, dev);
     hx_end(&w->t, rc);
-    if (!expect(w, "cuCtxCreate", rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, "cuCtxCreate", rc, CUDA_SUCCESS))
         return;
     w->own = (struct hx_ctx){.name = "own", .h = h, .dev = dev};
     w->span = SPAN_OWN;
@@ -1263,7 +1228,7 @@ static void end_own(struct worker *w)
     hx_begin(&w->t, "cuCtxDestroy%s(own context)", v1 ? "" : "_v2");
     CUresult rc = v1 ? api.ctx_destroy_v1(w->own.h) : api.ctx_destroy_v2(w->own.h);
     hx_end(&w->t, rc);
-    expect(w, "cuCtxDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxDestroy", rc, CUDA_SUCCESS);
     forget_context(w, &w->own);
     w->span = SPAN_NONE;
 }
@@ -1286,7 +1251,7 @@ static void role_release(struct worker *w)
     CUresult rc = v1 ? api.primary_release_v1(1) : api.primary_release_v2(1);
     hx_end(&w->t, rc);
     pthread_mutex_unlock(&role_calls);
-    expect(w, "cuDevicePrimaryCtxRelease", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuDevicePrimaryCtxRelease", rc, CUDA_SUCCESS);
 }
 
 /* primary(1)'s handle, learnt by main before the workers start: a
@@ -1305,7 +1270,7 @@ static void begin_role(struct worker *w)
         return;
     CUcontext h = NULL;
     CUresult rc = role_retain(w, &h);
-    if (!expect(w, "cuDevicePrimaryCtxRetain", rc, CUDA_SUCCESS)) {
+    if (!hx_expect(&w->t, "cuDevicePrimaryCtxRetain", rc, CUDA_SUCCESS)) {
         pthread_rwlock_unlock(&role_rw);
         return;
     }
@@ -1315,7 +1280,7 @@ static void begin_role(struct worker *w)
     hx_begin(&w->t, "cuCtxPushCurrent(primary(1))");
     rc = cuCtxPushCurrent(h);
     hx_end(&w->t, rc);
-    expect(w, "cuCtxPushCurrent", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPushCurrent", rc, CUDA_SUCCESS);
     set_role_handle(h);
     w->span = SPAN_ROLE;
     make_span_streams(w);
@@ -1327,7 +1292,7 @@ static void pop_current(struct worker *w)
     hx_begin(&w->t, "cuCtxPopCurrent");
     CUresult rc = cuCtxPopCurrent(&popped);
     hx_end(&w->t, rc);
-    expect(w, "cuCtxPopCurrent", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPopCurrent", rc, CUDA_SUCCESS);
 }
 
 static void end_role(struct worker *w)
@@ -1361,7 +1326,7 @@ static void reset_op(struct worker *w)
     if (pthread_rwlock_trywrlock(&role_rw) != 0)
         return;
     CUcontext h = NULL;
-    if (!expect(w, "cuDevicePrimaryCtxRetain", role_retain(w, &h), CUDA_SUCCESS)) {
+    if (!hx_expect(&w->t, "cuDevicePrimaryCtxRetain", role_retain(w, &h), CUDA_SUCCESS)) {
         pthread_rwlock_unlock(&role_rw);
         return;
     }
@@ -1369,7 +1334,7 @@ static void reset_op(struct worker *w)
     hx_begin(&w->t, "cuCtxPushCurrent(primary(1))");
     CUresult rc = cuCtxPushCurrent(h);
     hx_end(&w->t, rc);
-    expect(w, "cuCtxPushCurrent", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxPushCurrent", rc, CUDA_SUCCESS);
     w->span = SPAN_ROLE;
     make_span_streams(w);
     static const enum okind some[] = {K_DEVICE, K_HOST, K_MANAGED, K_REGISTERED, K_ARRAY,
@@ -1394,7 +1359,7 @@ static void reset_op(struct worker *w)
         rc = v1 ? api.primary_reset_v1(1) : api.primary_reset_v2(1);
         hx_end(&w->t, rc);
         pthread_mutex_unlock(&role_calls);
-        expect(w, "cuDevicePrimaryCtxReset", rc, CUDA_SUCCESS);
+        hx_expect(&w->t, "cuDevicePrimaryCtxReset", rc, CUDA_SUCCESS);
     } else {
         role_release(w);
     }
@@ -1413,12 +1378,12 @@ static void begin_green(struct worker *w)
     hx_begin(&w->t, "cuGreenCtxCreate(%u SMs) on device 0", sms);
     CUresult rc = hx_green_create(0, sms, &g, &h);
     hx_end(&w->t, rc);
-    if (!expect(w, "cuGreenCtxCreate", rc, CUDA_SUCCESS))
+    if (!hx_expect(&w->t, "cuGreenCtxCreate", rc, CUDA_SUCCESS))
         return;
     hx_begin(&w->t, "cuCtxPushCurrent(green)");
     rc = cuCtxPushCurrent(h);
     hx_end(&w->t, rc);
-    if (!expect(w, "cuCtxPushCurrent", rc, CUDA_SUCCESS)) {
+    if (!hx_expect(&w->t, "cuCtxPushCurrent", rc, CUDA_SUCCESS)) {
         hx_green_destroy(g);
         return;
     }
@@ -1453,7 +1418,7 @@ static void end_green(struct worker *w)
     hx_begin(&w->t, "cuGreenCtxDestroy");
     CUresult rc = hx_green_destroy(w->own.green);
     hx_end(&w->t, rc);
-    expect(w, "cuGreenCtxDestroy", rc, CUDA_SUCCESS);
+    hx_expect(&w->t, "cuGreenCtxDestroy", rc, CUDA_SUCCESS);
     w->span = SPAN_NONE;
 }
 
@@ -1534,14 +1499,14 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    expect(w, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
-           CUDA_SUCCESS);
-    expect(w, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
+    hx_expect(&w->t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
+              CUDA_SUCCESS);
+    hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
     for (int i = 0; i < STREAMS; i++)
         create_stream(w, &w->home_streams[i]);
     for (unsigned long long n = 0; n < w->t.ops; n++) {
         one_operation(w);
-        check_always(w);
+        hx_check_always(&w->t);
         atomic_store_explicit(&w->t.done, n + 1, memory_order_relaxed);
     }
     hx_note(&w->t, "-- the end: release everything");
@@ -1558,7 +1523,7 @@ static void *worker_main(void *arg)
         cuGraphDestroy(w->graph);
     for (int p = 0; p < REG_PAGES; p++)
         check_canary(w, p);
-    check_always(w);
+    hx_check_always(&w->t);
     return NULL;
 }
 
@@ -1717,12 +1682,7 @@ int main(int argc, char **argv)
     if (testdrv_pending_free_bytes())
         hx_fail(NULL, "leak", "%zu bytes of freed device memory are still not given back",
                 testdrv_pending_free_bytes());
-    if (newly(&faults_reported, testdrv_faults()))
-        hx_fail(NULL, "fault", "%llu kernel touches of memory that was not live",
-                (unsigned long long)testdrv_faults());
-    if (newly(&dead_reported, testdrv_dead_context_calls()))
-        hx_fail(NULL, "dead-context", "%llu calls named a destroyed context",
-                (unsigned long long)testdrv_dead_context_calls());
+    hx_check_always(NULL);
     if (testdrv_invalidated_captures() != atomic_load(&expected_invalidations))
         hx_fail(NULL, "capture-invalidated",
                 "%llu stream captures were invalidated, the program invalidated %llu",
