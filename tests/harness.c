@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -591,6 +592,54 @@ long hx_canary_check(const unsigned char *page, size_t bytes, int thread, int in
         if (page[i] != canary_byte(i, thread, index))
             return (long)i;
     return -1;
+}
+
+bool hx_pages_map(struct hx_pages *p)
+{
+    p->base = mmap(NULL, (size_t)HX_REG_PAGES * HX_PAGE, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p->base == MAP_FAILED) {
+        fprintf(stderr, "%s: mmap failed\n", hx.name);
+        return false;
+    }
+    return true;
+}
+
+unsigned char *hx_page_at(struct hx_pages *p, int page)
+{
+    return p->base + (size_t)page * HX_PAGE;
+}
+
+int hx_pages_free(struct hx_thread *t, struct hx_pages *p, int want)
+{
+    int start = (int)hx_below(t, HX_REG_PAGES);
+    for (int k = 0; k < HX_REG_PAGES; k++) {
+        int first = (start + k) % HX_REG_PAGES, n = 0;
+        while (n < want && first + n < HX_REG_PAGES && p->state[first + n] != HX_PAGE_REGISTERED)
+            n++;
+        if (n == want)
+            return first;
+    }
+    return -1;
+}
+
+void hx_pages_set_canaries(struct hx_thread *t, struct hx_pages *p, int first, int n)
+{
+    for (int k = first; k < first + n; k++) {
+        hx_canary_fill(hx_page_at(p, k), HX_PAGE, t->index, k);
+        p->state[k] = HX_PAGE_CANARY;
+    }
+}
+
+void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page)
+{
+    if (p->state[page] != HX_PAGE_CANARY)
+        return;
+    long at = hx_canary_check(hx_page_at(p, page), HX_PAGE, t->index, page);
+    if (at >= 0)
+        hx_fail(t, "canary",
+                "page %d (%p) was written after its cuMemHostUnregister returned (byte %ld: "
+                "%#x)", page, (void *)hx_page_at(p, page), at, hx_page_at(p, page)[at]);
 }
 
 /* ---- memory released while its writers may still run ---------------------- */

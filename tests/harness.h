@@ -204,6 +204,32 @@ void hx_canary_fill(unsigned char *page, size_t bytes, int thread, int index);
 /* Offset of the first byte that differs from the canary, or -1. */
 long hx_canary_check(const unsigned char *page, size_t bytes, int thread, int index);
 
+#define HX_PAGE 4096
+#define HX_REG_PAGES 16 /* pages a thread owns for registrations */
+
+enum hx_page_state { HX_PAGE_FREE, HX_PAGE_REGISTERED, HX_PAGE_CANARY };
+
+/* A thread's pages for registrations: free, registered, or holding the
+ * canary they were given when their registration ended. */
+struct hx_pages {
+    unsigned char *base;
+    enum hx_page_state state[HX_REG_PAGES];
+};
+
+/* Maps the pages (all free); false, after a line on stderr, if mmap
+ * failed. */
+bool hx_pages_map(struct hx_pages *p);
+unsigned char *hx_page_at(struct hx_pages *p, int page);
+/* The first of a run of want pages none of which is registered, the
+ * search beginning at a page drawn from t's stream; -1 if there is none. */
+int hx_pages_free(struct hx_thread *t, struct hx_pages *p, int want);
+/* After the end of the registration of [first, first + n) (unregister or
+ * teardown) returned: fills them with t's canary. */
+void hx_pages_set_canaries(struct hx_thread *t, struct hx_pages *p, int first, int n);
+/* A page with its canary must still hold it: else fails "canary" for t
+ * (the thread that owns the pages). */
+void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page);
+
 /* ---- memory released while its writers may still run ------------------------ */
 
 /* The events recorded after the kernels that wrote a range before its

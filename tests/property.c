@@ -122,7 +122,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -131,8 +130,6 @@
 
 #define STREAMS 2
 #define HELD 8
-#define REG_PAGES 16
-#define PAGE 4096
 #define EVENTS 6
 #define DEBTS 64
 #define NEPOCH 1024            /* epochs remembered */
@@ -490,7 +487,6 @@ static bool acct_end(int thread, enum cls c, CUresult rc)
 /* ---- workers -------------------------------------------------------------------------- */
 
 enum span { SPAN_NONE, SPAN_OWN, SPAN_ROLE, SPAN_GREEN };
-enum pstate { PAGE_FREE, PAGE_REGISTERED, PAGE_CANARY };
 
 struct worker {
     struct hx_thread t;
@@ -502,10 +498,9 @@ struct worker {
     CUstream span_streams[STREAMS];
     struct obj held[HELD];
     int nheld;
-    unsigned char *pages;
-    enum pstate page_state[REG_PAGES];
-    bool page_pending[REG_PAGES]; /* unregistered by the program: maybe pending */
-    struct hx_ctx *page_ctx[REG_PAGES]; /* the context of that pending unregister */
+    struct hx_pages reg;
+    bool page_pending[HX_REG_PAGES]; /* unregistered by the program: maybe pending */
+    struct hx_ctx *page_ctx[HX_REG_PAGES]; /* the context of that pending unregister */
     bool capturing;               /* a RELAXED capture of span_or_home stream 0 is live */
     CUgraph graph;
     unsigned long long oom_waits, overlap_waits, last_releases;
@@ -787,27 +782,12 @@ static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allow
 
 /* ---- registered pages -------------------------------------------------------------------- */
 
-static unsigned char *page_at(struct worker *w, int page)
-{
-    return w->pages + (size_t)page * PAGE;
-}
-
-static void check_canary(struct worker *w, int page)
-{
-    if (w->page_state[page] != PAGE_CANARY)
-        return;
-    long at = hx_canary_check(page_at(w, page), PAGE, w->t.index, page);
-    if (at >= 0)
-        hx_fail(&w->t, "canary",
-                "page %d (%p) was written after its cuMemHostUnregister returned (byte %ld: "
-                "%#x)", page, (void *)page_at(w, page), at, page_at(w, page)[at]);
-}
-
+/* After the registration's end (unregister or teardown) returned; pending:
+ * the unregister may still be pending in cudefer. */
 static void set_canaries(struct worker *w, const struct obj *o, bool pending)
 {
+    hx_pages_set_canaries(&w->t, &w->reg, o->page, o->npages);
     for (int p = o->page; p < o->page + o->npages; p++) {
-        hx_canary_fill(page_at(w, p), PAGE, w->t.index, p);
-        w->page_state[p] = PAGE_CANARY;
         w->page_pending[p] = pending;
         w->page_ctx[p] = o->ctx;
     }
@@ -846,7 +826,7 @@ static bool overlaps_pending(struct worker *w, int first, int n)
             continue;
         unsigned type = 0;
         if (cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                  (CUdeviceptr)(uintptr_t)page_at(w, p)) == CUDA_SUCCESS)
+                                  (CUdeviceptr)(uintptr_t)hx_page_at(&w->reg, p)) == CUDA_SUCCESS)
             return true;
         w->page_pending[p] = false;
     }
@@ -906,19 +886,6 @@ static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdevicep
         return false;
     w->debts[found].d = 0;
     return true;
-}
-
-static int free_pages(struct worker *w, int want)
-{
-    int start = (int)hx_below(&w->t, REG_PAGES);
-    for (int k = 0; k < REG_PAGES; k++) {
-        int first = (start + k) % REG_PAGES, n = 0;
-        while (n < want && first + n < REG_PAGES && w->page_state[first + n] != PAGE_REGISTERED)
-            n++;
-        if (n == want)
-            return first;
-    }
-    return -1;
 }
 
 static const char image[] = "// any image loads in the test driver\n";
@@ -989,18 +956,18 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
     }
     case A_REGISTER32:
     case A_REGISTER: {
-        int np = 1 + (int)hx_below(&w->t, 3), first = free_pages(w, np);
+        int np = 1 + (int)hx_below(&w->t, 3), first = hx_pages_free(&w->t, &w->reg, np);
         /* Registrations only where their context outlives them for sure. */
         if (first < 0 || w->span == SPAN_ROLE || w->span == SPAN_GREEN)
             return;
         for (int k = first; k < first + np; k++)
-            check_canary(w, k);
+            hx_page_check(&w->t, &w->reg, k);
         overlap = overlaps_pending(w, first, np);
         o.kind = K_REGISTERED;
         o.page = first;
         o.npages = np;
-        o.bytes = o.size = (size_t)np * PAGE;
-        o.h = (uintptr_t)page_at(w, first);
+        o.bytes = o.size = (size_t)np * HX_PAGE;
+        o.h = (uintptr_t)hx_page_at(&w->reg, first);
         acct_begin(w->t.index, CLS_HOST, o.bytes);
         probe_begin(w, &p, name, "(pages %d..%d%s) in %s", first, first + np - 1,
                     overlap ? ", over a pending unregister" : "", c->name);
@@ -1124,7 +1091,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         return;
     if (o.kind == K_REGISTERED)
         for (int k = o.page; k < o.page + o.npages; k++) {
-            w->page_state[k] = PAGE_REGISTERED;
+            w->reg.state[k] = HX_PAGE_REGISTERED;
             w->page_pending[k] = false;
         }
     /* A function of it, for cuLaunchKernel*: cuModuleGetFunction, or
@@ -1312,7 +1279,7 @@ static void forget_context(struct worker *w, struct hx_ctx *c)
         *o = w->held[--w->nheld];
     }
     /* The destruction undid the registrations pending in c only. */
-    for (int p = 0; p < REG_PAGES; p++)
+    for (int p = 0; p < HX_REG_PAGES; p++)
         if (w->page_ctx[p] == c)
             w->page_pending[p] = false;
 }
@@ -1836,8 +1803,8 @@ static void *worker_main(void *arg)
         destroy_stream(w, &w->home_streams[i]);
     if (w->graph)
         cuGraphDestroy(w->graph);
-    for (int p = 0; p < REG_PAGES; p++)
-        check_canary(w, p);
+    for (int p = 0; p < HX_REG_PAGES; p++)
+        hx_page_check(&w->t, &w->reg, p);
     hx_check_always(&w->t);
     return NULL;
 }
@@ -1968,12 +1935,8 @@ int main(int argc, char **argv)
         unsigned long long n = (unsigned long long)hx.threads;
         w->t.ops = hx.ops / n + ((unsigned long long)i < hx.ops % n);
         w->home = i % 2 && nshared > 1 ? &slot_user : &slot_primary;
-        w->pages = mmap(NULL, (size_t)REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (w->pages == MAP_FAILED) {
-            fprintf(stderr, "property: mmap failed\n");
+        if (!hx_pages_map(&w->reg))
             return 2;
-        }
     }
     uint64_t t0 = hx_now_ns();
     for (int i = 0; i < hx.threads; i++)

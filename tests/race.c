@@ -121,7 +121,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -130,8 +129,6 @@
 
 #define STREAMS 2       /* a thread's streams in each context it works in */
 #define HELD 10         /* objects a thread holds at most */
-#define REG_PAGES 16    /* pages a thread owns for registrations */
-#define PAGE 4096
 #define EVENTS 6        /* events of a registration: its writers' streams */
 #define DEFAULT_OPS 20000
 #define DEFAULT_THREADS 16
@@ -292,7 +289,6 @@ static void acct_release(enum cls c, size_t bytes)
 enum span { SPAN_NONE, SPAN_OWN, SPAN_ROLE, SPAN_GREEN };
 enum capkind { CAP_STREAM, CAP_PER_THREAD, CAP_PTSZ, CAP_TO_GRAPH, CAP_TO_GRAPH_PTSZ,
                CAP_KINDS };
-enum pstate { PAGE_FREE, PAGE_REGISTERED, PAGE_CANARY };
 
 struct capture {
     bool live, invalidated, blocking;
@@ -311,8 +307,7 @@ struct worker {
     CUstream span_streams[STREAMS];
     struct obj held[HELD];
     int nheld;
-    unsigned char *pages;
-    enum pstate page_state[REG_PAGES];
+    struct hx_pages reg;
     struct capture cap;
     CUgraph graph;        /* kept from a capture, for cuStreamBeginCaptureToGraph */
     CUstream across;      /* a stream of the other shared context (launch_across) */
@@ -363,33 +358,6 @@ static size_t pick_size(struct worker *w)
     static const size_t sizes[] = {4096, 4096, 16384, 65536, 65536, 262144};
     unsigned i = hx_below(&w->t, 32);
     return i < 31 ? sizes[i % 6] : (size_t)1 << 20;
-}
-
-/* ---- registered pages ---------------------------------------------------------- */
-
-static unsigned char *page_at(struct worker *w, int page)
-{
-    return w->pages + (size_t)page * PAGE;
-}
-
-static void check_canary(struct worker *w, int page)
-{
-    if (w->page_state[page] != PAGE_CANARY)
-        return;
-    long at = hx_canary_check(page_at(w, page), PAGE, w->t.index, page);
-    if (at >= 0)
-        hx_fail(&w->t, "canary",
-                "page %d (%p) was written after its cuMemHostUnregister returned (byte %ld: "
-                "%#x)", page, (void *)page_at(w, page), at, page_at(w, page)[at]);
-}
-
-/* After the registration's end (unregister or teardown) returned. */
-static void set_canaries(struct worker *w, const struct obj *o)
-{
-    for (int p = o->page; p < o->page + o->npages; p++) {
-        hx_canary_fill(page_at(w, p), PAGE, w->t.index, p);
-        w->page_state[p] = PAGE_CANARY;
-    }
 }
 
 /* ---- blocks handed back while a kernel still writes them ----------------------------- */
@@ -517,19 +485,6 @@ static bool judge_alloc(struct worker *w, const char *call, CUresult rc, enum cl
     return false;
 }
 
-static int free_pages(struct worker *w, int want)
-{
-    int start = (int)hx_below(&w->t, REG_PAGES);
-    for (int k = 0; k < REG_PAGES; k++) {
-        int first = (start + k) % REG_PAGES, n = 0;
-        while (n < want && first + n < REG_PAGES && w->page_state[first + n] != PAGE_REGISTERED)
-            n++;
-        if (n == want)
-            return first;
-    }
-    return -1;
-}
-
 static void allocate(struct worker *w, enum okind k)
 {
     if (k == K_REGISTERED && skip_register)
@@ -553,19 +508,19 @@ static void allocate(struct worker *w, enum okind k)
         break;
     }
     case K_REGISTERED: {
-        int np = 1 + (int)hx_below(&w->t, 4), first = free_pages(w, np);
+        int np = 1 + (int)hx_below(&w->t, 4), first = hx_pages_free(&w->t, &w->reg, np);
         if (first < 0)
             return;
         for (int p = first; p < first + np; p++)
-            check_canary(w, p);
+            hx_page_check(&w->t, &w->reg, p);
         unsigned flags = hx_below(&w->t, 4);
         if (hx_below(&w->t, 8) == 0)
             flags |= CU_MEMHOSTREGISTER_READ_ONLY;
         o.page = first;
         o.npages = np;
         o.read_only = flags & CU_MEMHOSTREGISTER_READ_ONLY;
-        o.bytes = o.size = (size_t)np * PAGE;
-        o.h = (uintptr_t)page_at(w, first);
+        o.bytes = o.size = (size_t)np * HX_PAGE;
+        o.h = (uintptr_t)hx_page_at(&w->reg, first);
         acct_begin(w->t.index, cl, o.bytes);
         hx_begin(&w->t, "cuMemHostRegister(pages %d..%d, %#x) in %s", first, first + np - 1,
                  flags, c->name);
@@ -675,7 +630,7 @@ static void allocate(struct worker *w, enum okind k)
         return;
     if (k == K_REGISTERED)
         for (int p = o.page; p < o.page + o.npages; p++)
-            w->page_state[p] = PAGE_REGISTERED;
+            w->reg.state[p] = HX_PAGE_REGISTERED;
     else if (kinds[k].memory)
         hx_released_check(&w->t, o.h, o.h + (o.size ? o.size : 1), kinds[o.kind].alloc);
     w->held[w->nheld++] = o;
@@ -715,7 +670,7 @@ static void release(struct worker *w, int i)
     if (o.kind == K_REGISTERED) {
         check_writers_done(w, &o);
         drop_events(&o, true);
-        set_canaries(w, &o);
+        hx_pages_set_canaries(&w->t, &w->reg, o.page, o.npages);
     } else if (rc == CUDA_SUCCESS) {
         released_note(&o);
     }
@@ -767,7 +722,7 @@ static void forget_context(struct worker *w, struct hx_ctx *c)
                 if (o->ev[k])
                     atomic_fetch_sub(&program_events, 1); /* gone with the context */
             drop_events(o, false);
-            set_canaries(w, o);
+            hx_pages_set_canaries(&w->t, &w->reg, o->page, o->npages);
         }
         acct_release(kinds[o->kind].cls, o->bytes);
         hx_note(&w->t, "  (%s %#lx freed with its context)", kinds[o->kind].alloc,
@@ -1521,8 +1476,8 @@ static void *worker_main(void *arg)
     destroy_across(w);
     if (w->graph)
         cuGraphDestroy(w->graph);
-    for (int p = 0; p < REG_PAGES; p++)
-        check_canary(w, p);
+    for (int p = 0; p < HX_REG_PAGES; p++)
+        hx_page_check(&w->t, &w->reg, p);
     hx_check_always(&w->t);
     return NULL;
 }
@@ -1643,12 +1598,8 @@ int main(int argc, char **argv)
         w->t.ops = hx.ops / n + ((unsigned long long)i < hx.ops % n);
         w->home = i % 2 ? &slot_user : &slot_primary;
         w->again_flags = -1;
-        w->pages = mmap(NULL, (size_t)REG_PAGES * PAGE, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (w->pages == MAP_FAILED) {
-            fprintf(stderr, "race: mmap failed\n");
+        if (!hx_pages_map(&w->reg))
             return 2;
-        }
     }
     for (int i = 0; i < hx.threads; i++)
         pthread_create(&tid[i], NULL, worker_main, &workers[i]);
