@@ -642,6 +642,22 @@ void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page)
                 "%#x)", page, (void *)hx_page_at(p, page), at, hx_page_at(p, page)[at]);
 }
 
+/* ---- events recorded after writers ---------------------------------------- */
+
+int hx_event_slot(CUevent *ev, CUstream *streams, int n, CUstream s)
+{
+    for (int i = 0; i < n; i++)
+        if (ev[i] && streams[i] == s)
+            return i;
+    for (int i = 0; i < n; i++)
+        if (!ev[i])
+            return i;
+    for (int i = 0; i < n; i++)
+        if (cuEventQuery(ev[i]) == CUDA_SUCCESS)
+            return i;
+    return -1;
+}
+
 /* ---- memory released while its writers may still run ---------------------- */
 
 static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -230,6 +230,14 @@ void hx_pages_set_canaries(struct hx_thread *t, struct hx_pages *p, int first, i
  * (the thread that owns the pages). */
 void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page);
 
+/* ---- events recorded after writers ------------------------------------------ */
+
+/* An object keeps n events, ev[i] recorded after its last writer on
+ * streams[i] (NULL: a free slot). The slot for a writer on stream s: that
+ * stream's, else a free one, else one whose writer has finished; -1 if
+ * every writer still runs. */
+int hx_event_slot(CUevent *ev, CUstream *streams, int n, CUstream s);
+
 /* ---- memory released while its writers may still run ------------------------ */
 
 /* The events recorded after the kernels that wrote a range before its

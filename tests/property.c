@@ -803,20 +803,6 @@ static void drop_events(struct obj *o, bool alive)
     }
 }
 
-static int event_slot(struct obj *o, CUstream s)
-{
-    for (int i = 0; i < EVENTS; i++)
-        if (o->ev[i] && o->ev_stream[i] == s)
-            return i;
-    for (int i = 0; i < EVENTS; i++)
-        if (!o->ev[i])
-            return i;
-    for (int i = 0; i < EVENTS; i++)
-        if (cuEventQuery(o->ev[i]) == CUDA_SUCCESS)
-            return i;
-    return -1;
-}
-
 /* Does a page of [first, first + n) still have a registration the driver
  * knows, after the program unregistered it (pending in cudefer)? */
 static bool overlaps_pending(struct worker *w, int first, int n)
@@ -1304,7 +1290,7 @@ static void launch(struct worker *w)
     if (o && o->kind == K_ASYNC && which != 0)
         o = NULL; /* stream-ordered memory is used on its stream only */
     int slot = -1;
-    if (o && o->kind == K_REGISTERED && (slot = event_slot(o, s)) < 0)
+    if (o && o->kind == K_REGISTERED && (slot = hx_event_slot(o->ev, o->ev_stream, EVENTS, s)) < 0)
         o = NULL;
     unsigned usec = 1 + hx_below(&w->t, 300);
     hx_begin(&w->t, "testdrv_launch(%s, %u us, %s %#lx) in %s",

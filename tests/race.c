@@ -442,22 +442,6 @@ static void record_writer(struct worker *w, struct obj *o, int slot, CUstream s,
     hx_expect(&w->t, "cuEventRecord", cuEventRecord(o->ev[slot], s), CUDA_SUCCESS);
 }
 
-/* The slot of o's events for stream s (the same stream's slot, or a free
- * one, or one whose kernel has finished); -1 if none. */
-static int event_slot(struct obj *o, CUstream s)
-{
-    for (int i = 0; i < EVENTS; i++)
-        if (o->ev[i] && o->ev_stream[i] == s)
-            return i;
-    for (int i = 0; i < EVENTS; i++)
-        if (!o->ev[i])
-            return i;
-    for (int i = 0; i < EVENTS; i++)
-        if (cuEventQuery(o->ev[i]) == CUDA_SUCCESS)
-            return i;
-    return -1;
-}
-
 /* ---- allocations ------------------------------------------------------------------ */
 
 /* Judges an allocation's answer by the out-of-memory rule (file comment). */
@@ -800,7 +784,7 @@ static void launch(struct worker *w)
      * memory's in the shared contexts (whose events last the run). */
     bool track = o && !captured && (o->kind == K_REGISTERED || c == &slot_primary ||
                                     c == &slot_user);
-    if (track && (slot = event_slot(o, s)) < 0)
+    if (track && (slot = hx_event_slot(o->ev, o->ev_stream, EVENTS, s)) < 0)
         o = NULL;
     unsigned usec = hx_below(&w->t, 16) ? 1 + hx_below(&w->t, 200) : 500 + hx_below(&w->t, 2500);
     enum testdrv_access access = o && o->read_only ? TESTDRV_READ : TESTDRV_WRITE;
@@ -843,7 +827,7 @@ static void launch_across(struct worker *w)
     if (!w->across && !hx_expect(&w->t, "cuStreamCreate",
                                  cuStreamCreate(&w->across, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS))
         w->across = NULL;
-    int slot = w->across ? event_slot(o, w->across) : -1;
+    int slot = w->across ? hx_event_slot(o->ev, o->ev_stream, EVENTS, w->across) : -1;
     if (slot >= 0) {
         w->launches++;
         /* Now and then a long one: the other context's ring of records
