@@ -551,6 +551,26 @@ CUresult hx_green_stream(CUstream *s, CUgreenCtx g)
                                 : CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* ---- a worker's run --------------------------------------------------------- */
+
+void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    hx_expect(t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
+              CUDA_SUCCESS);
+    hx_expect(t, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
+}
+
+void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w)
+{
+    for (unsigned long long n = 0; n < t->ops; n++) {
+        one_operation(w);
+        hx_check_always(t);
+        atomic_store_explicit(&t->done, n + 1, memory_order_relaxed);
+    }
+    hx_note(t, "-- the end: release everything");
+}
+
 /* ---- flags ---------------------------------------------------------------------- */
 
 static void store_flag(volatile int *flag, int value)

@@ -1722,8 +1722,9 @@ static void primary0_pair(struct worker *w)
         primary_release(w, 0); /* main holds one: never the last */
 }
 
-static void one_operation(struct worker *w)
+static void one_operation(void *arg)
 {
+    struct worker *w = arg;
     if (w->span != SPAN_NONE && --w->span_left <= 0) {
         end_span(w);
         return;
@@ -1767,18 +1768,10 @@ static void one_operation(struct worker *w)
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    hx_expect(&w->t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
-              CUDA_SUCCESS);
-    hx_expect(&w->t, "cuCtxSetCurrent", cuCtxSetCurrent(w->home->h), CUDA_SUCCESS);
+    hx_worker_enter(&w->t, w->home);
     for (int i = 0; i < STREAMS; i++)
         create_stream(w, &w->home_streams[i]);
-    for (unsigned long long n = 0; n < w->t.ops; n++) {
-        one_operation(w);
-        hx_check_always(&w->t);
-        atomic_store_explicit(&w->t.done, n + 1, memory_order_relaxed);
-    }
-    hx_note(&w->t, "-- the end: release everything");
+    hx_worker_ops(&w->t, one_operation, w);
     if (w->span != SPAN_NONE)
         end_span(w);
     if (w->capturing)
