@@ -551,26 +551,6 @@ CUresult hx_green_stream(CUstream *s, CUgreenCtx g)
                                 : CUDA_ERROR_NOT_SUPPORTED;
 }
 
-/* ---- a worker's run --------------------------------------------------------- */
-
-void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home)
-{
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    hx_expect(t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
-              CUDA_SUCCESS);
-    hx_expect(t, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
-}
-
-void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w)
-{
-    for (unsigned long long n = 0; n < t->ops; n++) {
-        one_operation(w);
-        hx_check_always(t);
-        atomic_store_explicit(&t->done, n + 1, memory_order_relaxed);
-    }
-    hx_note(t, "-- the end: release everything");
-}
-
 /* ---- flags ---------------------------------------------------------------------- */
 
 static void store_flag(volatile int *flag, int value)
@@ -660,6 +640,33 @@ void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page)
         hx_fail(t, "canary",
                 "page %d (%p) was written after its cuMemHostUnregister returned (byte %ld: "
                 "%#x)", page, (void *)hx_page_at(p, page), at, hx_page_at(p, page)[at]);
+}
+
+/* ---- a worker's run --------------------------------------------------------- */
+
+void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    hx_expect(t, "cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&mode),
+              CUDA_SUCCESS);
+    hx_expect(t, "cuCtxSetCurrent", cuCtxSetCurrent(home->h), CUDA_SUCCESS);
+}
+
+void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w)
+{
+    for (unsigned long long n = 0; n < t->ops; n++) {
+        one_operation(w);
+        hx_check_always(t);
+        atomic_store_explicit(&t->done, n + 1, memory_order_relaxed);
+    }
+    hx_note(t, "-- the end: release everything");
+}
+
+void hx_worker_leave(struct hx_thread *t, struct hx_pages *reg)
+{
+    for (int p = 0; p < HX_REG_PAGES; p++)
+        hx_page_check(t, reg, p);
+    hx_check_always(t);
 }
 
 /* ---- events recorded after writers ---------------------------------------- */

@@ -187,17 +187,6 @@ CUresult hx_green_create(CUdevice dev, unsigned sms, CUgreenCtx *g, CUcontext *h
 CUresult hx_green_destroy(CUgreenCtx g);
 CUresult hx_green_stream(CUstream *s, CUgreenCtx g);
 
-/* ---- a worker's run -------------------------------------------------------- */
-
-/* The start of a worker thread (t) of race or property: its capture mode
- * becomes RELAXED (so that only its own GLOBAL or THREAD_LOCAL captures
- * restrict it) and home becomes its current context. */
-void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home);
-/* Its share of the operations: one_operation(w) t->ops times, each followed
- * by hx_check_always and counted in t->done (the watchdog's and the
- * reports' progress); then a note that the end begins. */
-void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w);
-
 /* ---- kernels that wait for the host --------------------------------------------- */
 
 /* Sets a flag that testdrv_launch_spin kernels poll. The store is made
@@ -240,6 +229,21 @@ void hx_pages_set_canaries(struct hx_thread *t, struct hx_pages *p, int first, i
 /* A page with its canary must still hold it: else fails "canary" for t
  * (the thread that owns the pages). */
 void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page);
+
+/* ---- a worker's run -------------------------------------------------------- */
+
+/* The start of a worker thread (t) of race or property: its capture mode
+ * becomes RELAXED (so that only its own GLOBAL or THREAD_LOCAL captures
+ * restrict it) and home becomes its current context. */
+void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home);
+/* Its share of the operations: one_operation(w) t->ops times, each followed
+ * by hx_check_always and counted in t->done (the watchdog's and the
+ * reports' progress); then a note that the end begins. */
+void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w);
+/* Its end, once it has released everything: every page of reg that holds
+ * its canary still holds it, and the per-operation invariants hold once
+ * more. */
+void hx_worker_leave(struct hx_thread *t, struct hx_pages *reg);
 
 /* ---- events recorded after writers ------------------------------------------ */
 

@@ -1782,9 +1782,7 @@ static void *worker_main(void *arg)
         destroy_stream(w, &w->home_streams[i]);
     if (w->graph)
         cuGraphDestroy(w->graph);
-    for (int p = 0; p < HX_REG_PAGES; p++)
-        hx_page_check(&w->t, &w->reg, p);
-    hx_check_always(&w->t);
+    hx_worker_leave(&w->t, &w->reg);
     return NULL;
 }
 

@@ -1453,9 +1453,7 @@ static void *worker_main(void *arg)
     destroy_across(w);
     if (w->graph)
         cuGraphDestroy(w->graph);
-    for (int p = 0; p < HX_REG_PAGES; p++)
-        hx_page_check(&w->t, &w->reg, p);
-    hx_check_always(&w->t);
+    hx_worker_leave(&w->t, &w->reg);
     return NULL;
 }
 
