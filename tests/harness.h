@@ -1,9 +1,12 @@
 /* harness.h - what the plain-C harnesses over the test driver share
  * (tests/race.c, tests/property.c, tests/reuse.c): run parameters, a
  * per-thread random stream, a per-thread history of the last operations,
- * failure reports that can be replayed, a watchdog, the driver's entry
- * points by name, the canary of registered pages, and the table of
- * released memory whose writers may still run.
+ * failure reports that can be replayed, the checks of a call's result and
+ * of the invariants that hold after every operation, a watchdog, the
+ * driver's entry points by name, a thread's pages for registrations and
+ * their canaries, a worker's start, operation loop and end (race,
+ * property), the choice of an object's event for a writer, and the table
+ * of released memory whose writers may still run.
  *
  * The harnesses are plain C (no Criterion), so that they also run under
  * ThreadSanitizer. A failure report names the invariant, the seed and the
