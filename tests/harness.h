@@ -241,7 +241,8 @@ void hx_page_check(struct hx_thread *t, struct hx_pages *p, int page);
 void hx_worker_enter(struct hx_thread *t, struct hx_ctx *home);
 /* Its share of the operations: one_operation(w) t->ops times, each followed
  * by hx_check_always and counted in t->done (the watchdog's and the
- * reports' progress); then a note that the end begins. */
+ * reports' progress); then a note that the end begins. It waits wherever
+ * the operations' driver calls wait. */
 void hx_worker_ops(struct hx_thread *t, void (*one_operation)(void *w), void *w);
 /* Its end, once it has released everything: every page of reg that holds
  * its canary still holds it, and the per-operation invariants hold once
