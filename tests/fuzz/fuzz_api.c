@@ -161,7 +161,7 @@ struct mobj {
     int ctx;      /* model context slot; -1: none (a library loaded without one) */
     enum ostate state;
     bool readonly;
-    bool loaded;  /* a library loaded into a context (cuKernelGetFunction) */
+    bool loaded;  /* a library loaded into a context (cuKernelGetFunction) that lives */
     /* registered memory: an event recorded after each kernel that wrote
      * it, per stream (the context the event belongs to: ev_ctx) */
     CUevent ev[4];
@@ -579,6 +579,8 @@ static void torn_down(int c)
     ctxs[c].pt_capturing = ctxs[c].pt_invalidated = false;
     for (int i = 0; i < nobjs; i++) {
         drop_events(&objs[i], c, false); /* the events of its streams went with it */
+        if (objs[i].ctx == c && objs[i].kind == K_LIBRARY)
+            objs[i].loaded = false; /* its load into c went with c: nothing to wait for */
         if (objs[i].ctx != c || objs[i].kind == K_LIBRARY)
             continue;
         if (objs[i].state == LIVE) {
@@ -1390,9 +1392,9 @@ static void op_release(struct input *in)
         got = do_release(call, key);
     } else {
         /* The release of a live object must not reach a waiting call of the
-         * driver; anything else (NULL, errors, the unload of a library never
-         * loaded into a context, which the driver does at once) may, if it
-         * does not block. */
+         * driver; anything else (NULL, errors, the unload of a library not
+         * loaded into a live context, which the driver does at once) may, if
+         * it does not block. */
         bool may_reach = !live || (live->kind == K_LIBRARY && !live->loaded);
         nowait_begin(&m, rcall_names[call]);
         got = do_release(call, key);
