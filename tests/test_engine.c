@@ -597,6 +597,34 @@ Test(registered, overlapping_registration_after_unregister, .timeout = 10)
     free(mem);
 }
 
+/* A registration over the program's own live registration gets the
+ * driver's CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED at once, although
+ * another range's unregister is pending and a kernel runs: only an
+ * unregister in the way is made first (it would wait for that kernel). */
+Test(registered, already_registered_answers_at_once, .timeout = 10)
+{
+    test_context();
+    char *mine = aligned_alloc(4096, 8192), *other = aligned_alloc(4096, 4096);
+    CU_OK(cuMemHostRegister(mine, 8192, 0));
+    CU_OK(cuMemHostRegister(other, 4096, 0));
+    CU_OK(cuMemHostUnregister(other));
+    cr_assert_eq(program_live(TESTDRV_REGISTERED), 2, "the unregister was not deferred");
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    uint64_t calls = testdrv_thread_wait_calls(), blocked = testdrv_thread_blocked_ns();
+    cr_expect_eq(cuMemHostRegister(mine + 4096, 4096, 0),
+                 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    cr_expect_eq(testdrv_thread_wait_calls(), calls, "the registration made a call that waits");
+    cr_expect_lt(testdrv_thread_blocked_ns() - blocked, 50000000ull,
+                 "the registration waited for the kernel");
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 2, "the pending unregister was made");
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuMemHostUnregister(mine));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 0);
+    free(mine);
+    free(other);
+}
+
 /* ---- teardown ------------------------------------------------------------ */
 
 static void queue_one_of_each(void)

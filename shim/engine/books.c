@@ -20,20 +20,30 @@ static struct range {
 } *ranges;
 static size_t nranges, cap_ranges;
 
+/* Pending registrations whose range the table had no room for (under
+ * ranges_lock). */
+static size_t unnoted;
+
 static void note_range(const struct cd_record *r, int sign)
 {
     struct range want = {r->key, r->key + r->bytes};
     atomic_fetch_add(&registered_pending, sign);
     pthread_mutex_lock(&ranges_lock);
-    /* Without room the range is not noted; the registration's own
-     * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED still leads to a flush. */
-    if (sign > 0 && cd_array_room((void **)&ranges, &cap_ranges, nranges + 1, sizeof *ranges))
-        ranges[nranges++] = want;
-    for (size_t i = 0; sign < 0 && i < nranges; i++) {
-        if (ranges[i].lo == want.lo && ranges[i].hi == want.hi) {
+    /* Without room the range is not noted, only counted; the registration's
+     * own CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED then leads to a flush. */
+    if (sign > 0) {
+        if (cd_array_room((void **)&ranges, &cap_ranges, nranges + 1, sizeof *ranges))
+            ranges[nranges++] = want;
+        else
+            unnoted++;
+    } else {
+        size_t i = 0;
+        while (i < nranges && (ranges[i].lo != want.lo || ranges[i].hi != want.hi))
+            i++;
+        if (i < nranges)
             ranges[i] = ranges[--nranges];
-            break;
-        }
+        else if (unnoted)
+            unnoted--;
     }
     pthread_mutex_unlock(&ranges_lock);
 }
@@ -49,6 +59,14 @@ void cd_books_unregistered(struct cd_record *r)
 long long cd_books_registered_pending(void)
 {
     return atomic_load(&registered_pending);
+}
+
+bool cd_books_registered_unnoted(void)
+{
+    pthread_mutex_lock(&ranges_lock);
+    bool any = unnoted > 0;
+    pthread_mutex_unlock(&ranges_lock);
+    return any;
 }
 
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
@@ -111,6 +129,7 @@ void cd_books_reset(void)
 {
     pthread_mutex_init(&ranges_lock, NULL);
     nranges = 0;
+    unnoted = 0;
     atomic_store(&registered_pending, 0);
     pthread_mutex_init(&transit_lock, NULL);
     cd_cond_init_monotonic(&transit_cond);

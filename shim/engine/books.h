@@ -91,6 +91,9 @@ void cd_books_unregistered(struct cd_record *r);
 /* Registrations whose unregister is pending, in every context. */
 long long cd_books_registered_pending(void);
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
+/* Whether a pending registration's range could not be noted (no memory for
+ * the table): then no overlap can be ruled out. */
+bool cd_books_registered_unnoted(void);
 
 /* Entries in transit: taken off the books and not yet released, handed to
  * the waiter nor put back (a flush's, an eviction's, a reclaim's, a

@@ -148,8 +148,10 @@ void cd_alloc_untracked(uintptr_t key);
 void cd_register_start(void *ptr, size_t bytes);
 
 /* After a registration failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
- * releases every queued unregister near the range (may wait). True when the
- * caller should retry. */
+ * releases the queued unregisters near the range (may wait for them), and
+ * all of them only if one's range could not be noted. An overlap with a
+ * registration the program holds gets the driver's answer at once. True
+ * when the caller should retry. */
 bool cd_register_failed(CUresult rc, void *ptr, size_t bytes);
 
 /* --- streams and captures ------------------------------------------------- */

@@ -506,5 +506,11 @@ bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
     /* The range may differ from the queued one only in its pages. */
     uintptr_t lo = (uintptr_t)ptr & ~(uintptr_t)4095, hi = (uintptr_t)ptr + bytes + 4095;
     bool any = release_overlapping(lo, hi & ~(uintptr_t)4095);
-    return flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL) || any;
+    /* Any other overlap is with a registration the program holds: the
+     * driver's answer stands, at once, as it would without cudefer (a flush
+     * here would wait for the GPU). Only a pending unregister whose range
+     * could not be noted may be the one in the way: then they all go. */
+    if (cd_books_registered_unnoted())
+        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL);
+    return any;
 }
