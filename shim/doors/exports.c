@@ -1009,6 +1009,7 @@ static CUresult begin_capture(CUresult (*call)(const struct begin_args *), const
     if (!have_real)
         return cd_missing(w);
     cd_capture_begin();
+    cd_stream_capturing(a->stream);
     CUresult rc = call(a);
     cd_capture_begun(a->stream, per_thread, rc);
     return rc;

@@ -120,9 +120,16 @@ struct cd_ctx {
     /* Before driver 12.5 (fence.c): the streams the program created, each
      * with an event made in the stream's own context (owner: a green
      * context's CUcontext, whose destruction ends them), and final events
-     * of destroyed ones that may still run work (stream NULL). */
+     * of destroyed ones that may still run work (stream NULL). at_capture:
+     * the event was last recorded just before a capture of the stream
+     * began through cudefer, so it covers the work before that capture. */
     pthread_mutex_t streams_lock;
-    struct cd_tracked { CUstream stream; CUevent event; CUcontext owner; } *streams, *finals;
+    struct cd_tracked {
+        CUstream stream;
+        CUevent event;
+        CUcontext owner;
+        bool at_capture;
+    } *streams, *finals;
     size_t nstreams, cap_streams;
     size_t nfinals, cap_finals;
 

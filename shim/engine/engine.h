@@ -165,6 +165,9 @@ void cd_stream_destroying(CUstream stream);
  * the GPU), cd_capture_begun after it with its result; per_thread: the call
  * was a _ptsz one, where stream 0 is the per-thread default stream. */
 void cd_capture_begin(void);
+/* After cd_capture_begin, before a capture of a stream the program created
+ * begins (before driver 12.5, fence.h): a record of its work so far. */
+void cd_stream_capturing(CUstream stream);
 void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc);
 /* After cuStreamEndCapture*, with the stream and the call's result. */
 void cd_capture_ended(CUstream stream, bool per_thread, CUresult rc);

@@ -19,6 +19,7 @@ static CUresult fence_streams(struct cd_ctx *c, const struct cd_driver_ops *ops)
     pthread_mutex_lock(&c->streams_lock);
     for (size_t i = 0; i < c->nstreams && rc == CUDA_SUCCESS; i++) {
         rc = ops->event_record(c->streams[i].event, c->streams[i].stream);
+        c->streams[i].at_capture = false;
         if (rc == CUDA_SUCCESS)
             rc = ops->stream_wait_event(c->priv, c->streams[i].event, 0);
     }
@@ -485,10 +486,47 @@ void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner)
     pthread_mutex_lock(&c->streams_lock);
     bool ok = cd_array_room((void **)&c->streams, &c->cap_streams, c->nstreams + 1, sizeof c->streams[0]);
     if (ok)
-        c->streams[c->nstreams++] = (struct cd_tracked){s, ev, owner};
+        c->streams[c->nstreams++] = (struct cd_tracked){s, ev, owner, false};
     pthread_mutex_unlock(&c->streams_lock);
     if (!ok)
         cd_driver_ops()->event_destroy(ev);
+}
+
+/* Whether s is in a capture now. */
+static bool capturing(CUstream s, const struct cd_driver_ops *ops)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return ops->stream_is_capturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Whether the tracked stream t's event now covers all its real work: a
+ * record made now, or, in a capture begun through cudefer, the record made
+ * just before that capture (a record in a capture is a node of the graph,
+ * which no stream outside the capture may wait for: CUDA_ERROR_STREAM_
+ * CAPTURE_ISOLATION, and every later fence would fail). A stream that
+ * joined a capture some other way gets a record made now, as before (its
+ * fences then fail, and their releases go to the driver). */
+static bool record_last(struct cd_tracked *t, const struct cd_driver_ops *ops)
+{
+    if (t->at_capture && capturing(t->stream, ops))
+        return true;
+    return ops->event_record(t->event, t->stream) == CUDA_SUCCESS;
+}
+
+void cd_fence_stream_capturing(struct cd_ctx *c, CUstream s)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    if (c->ctx_record)
+        return;
+    struct cd_scope sc;
+    cd_scope_enter(&sc, NULL, true);
+    pthread_mutex_lock(&c->streams_lock);
+    for (size_t i = 0; i < c->nstreams; i++)
+        if (c->streams[i].stream == s && !capturing(s, ops))
+            c->streams[i].at_capture =
+                ops->event_record(c->streams[i].event, s) == CUDA_SUCCESS;
+    pthread_mutex_unlock(&c->streams_lock);
+    cd_scope_leave(&sc);
 }
 
 void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
@@ -503,10 +541,10 @@ void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
         CUevent ev = c->streams[i].event;
         /* The stream may still run work after its destroy returns: later
          * fences wait for this final record until it completes. */
-        if (ops->event_record(ev, s) == CUDA_SUCCESS &&
+        if (record_last(&c->streams[i], ops) &&
             cd_array_room((void **)&c->finals, &c->cap_finals, c->nfinals + 1,
                           sizeof c->finals[0]))
-            c->finals[c->nfinals++] = (struct cd_tracked){NULL, ev, c->streams[i].owner};
+            c->finals[c->nfinals++] = (struct cd_tracked){NULL, ev, c->streams[i].owner, false};
         else
             ops->event_destroy(ev);
         c->streams[i] = c->streams[--c->nstreams];
@@ -522,7 +560,9 @@ void cd_fence_stream_removed(struct cd_ctx *c, CUstream s)
  * already made. Every later fence and free on the private stream comes
  * after that wait; the events then go (a wait keeps what it waits for).
  * Under streams_lock, in the relaxed capture mode. A stream in a capture
- * is left out: the destruction ends that capture. */
+ * begun through cudefer is waited for up to that capture's start (the
+ * destruction ends the capture); one that joined a capture otherwise is
+ * left out. */
 static void drop_owned(struct cd_ctx *c, struct cd_tracked *list, size_t *n, CUcontext owner,
                        bool streams, const struct cd_driver_ops *ops)
 {
@@ -531,11 +571,10 @@ static void drop_owned(struct cd_ctx *c, struct cd_tracked *list, size_t *n, CUc
             i++;
             continue;
         }
-        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-        bool recorded = !streams ||
-                        (ops->stream_is_capturing(list[i].stream, &st) == CUDA_SUCCESS &&
-                         st == CU_STREAM_CAPTURE_STATUS_NONE &&
-                         ops->event_record(list[i].event, list[i].stream) == CUDA_SUCCESS);
+        bool recorded = !streams || (capturing(list[i].stream, ops)
+                                         ? list[i].at_capture
+                                         : ops->event_record(list[i].event, list[i].stream) ==
+                                               CUDA_SUCCESS);
         if (recorded)
             ops->stream_wait_event(c->priv, list[i].event, 0);
         ops->event_destroy(list[i].event);

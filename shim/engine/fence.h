@@ -135,6 +135,10 @@ void cd_fence_reset(void);
  * the stream's own context (a green context's CUcontext for its streams). */
 void cd_fence_stream_added(struct cd_ctx *c, CUstream s, CUcontext owner);
 void cd_fence_stream_removed(struct cd_ctx *c, CUstream s);
+/* Before a capture of s begins (the capture gate shut, fences drained): a
+ * record of the work before it, which a destruction of s during the
+ * capture leaves as its final record. Does not wait. */
+void cd_fence_stream_capturing(struct cd_ctx *c, CUstream s);
 /* Before owner (a green context) is destroyed, which ends its streams
  * without their destroy calls but not their work: c's private stream waits
  * for their last work, and their streams and final events are dropped.
