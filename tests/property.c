@@ -193,6 +193,7 @@ static const struct rule_row {
     {"cuMemAllocPitch_v2", R_ALLOC}, {"cuMemAlloc_v2", R_ALLOC}, {"cuMemCreate", R_ALLOC},
     {"cuMemFree", R_NO_WAIT}, {"cuMemFreeAsync", R_NO_WAIT}, {"cuMemFreeAsync_ptsz", R_NO_WAIT},
     {"cuMemFreeHost", R_NO_WAIT}, {"cuMemFree_v2", R_NO_WAIT},
+    {"cuMemGetInfo", R_NO_WAIT}, {"cuMemGetInfo_v2", R_NO_WAIT},
     {"cuMemHostAlloc", R_ALLOC},
     {"cuMemHostRegister", R_REGISTER}, {"cuMemHostRegister_v2", R_REGISTER},
     {"cuMemHostUnregister", R_BOUNDED},
@@ -342,6 +343,7 @@ typedef CUresult (*to_graph_fn)(CUstream, CUgraph, const CUgraphNode *, const CU
 typedef CUresult (*launch_kernel_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                      unsigned, unsigned, unsigned, CUstream, void **, void **);
 typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*info32_fn)(unsigned *, unsigned *);
 
 static struct {
     alloc32_fn mem_alloc_v1;
@@ -362,6 +364,7 @@ static struct {
     to_graph_fn to_graph_ptsz;
     launch_kernel_fn launch_kernel_ptsz;
     proc_v1_fn proc_v1;
+    info32_fn info_v1;
 } api;
 
 static void find_entry_points(void)
@@ -391,6 +394,7 @@ static void find_entry_points(void)
     api.to_graph_ptsz = (to_graph_fn)hx_sym("cuStreamBeginCaptureToGraph_ptsz");
     api.launch_kernel_ptsz = (launch_kernel_fn)hx_sym("cuLaunchKernel_ptsz");
     api.proc_v1 = (proc_v1_fn)hx_sym("cuGetProcAddress");
+    api.info_v1 = (info32_fn)hx_sym("cuMemGetInfo");
 }
 
 /* ---- objects ---------------------------------------------------------------------- */
@@ -1715,6 +1719,25 @@ static void lookup(struct worker *w)
     hx_expect(&w->t, "cuGetProcAddress", rc, CUDA_SUCCESS);
 }
 
+/* What a program asks of free memory (cudefer adds what it holds for the
+ * current context's device): never waits. */
+static void meminfo(struct worker *w)
+{
+    struct probe p;
+    CUresult rc;
+    if (hx_below(&w->t, 2)) {
+        size_t free = 0, total = 0;
+        probe_begin(w, &p, "cuMemGetInfo_v2", "in %s", cur(w)->name);
+        rc = cuMemGetInfo_v2(&free, &total);
+    } else {
+        unsigned free = 0, total = 0;
+        probe_begin(w, &p, "cuMemGetInfo", "in %s", cur(w)->name);
+        rc = api.info_v1(&free, &total);
+    }
+    probe_end(w, &p, rc, false);
+    hx_expect(&w->t, "cuMemGetInfo", rc, CUDA_SUCCESS);
+}
+
 static void primary0_pair(struct worker *w)
 {
     CUcontext h = NULL;
@@ -1752,8 +1775,10 @@ static void one_operation(void *arg)
         capture_op(w);
     } else if (pick < 890) {
         allowed_call(w);
-    } else if (pick < 910) {
+    } else if (pick < 903) {
         lookup(w);
+    } else if (pick < 910) {
+        meminfo(w);
     } else if (pick < 930) {
         primary0_pair(w);
     } else if (pick < 955 && w->span == SPAN_NONE && nshared > 1) {

@@ -49,12 +49,13 @@
  * race-across); a block released and one of the same kind, size and flags
  * allocated right after (what frameworks do, and what reuse serves);
  * cuCtxSynchronize, stream and event synchronisation, stream queries;
- * cudefer_flush; stream captures of every kind of stream handle (a created
- * stream; CU_STREAM_PER_THREAD; stream 0 through cuStreamBeginCapture_ptsz
- * and _v2_ptsz; cuStreamBeginCaptureToGraph and its _ptsz twin; a capture
- * the program invalidates with cuStreamQuery; a stream destroyed in the
- * middle of its capture; GLOBAL and THREAD_LOCAL captures of a few
- * launches) with releases made while they are live; primary context resets.
+ * cuMemGetInfo; cudefer_flush; stream captures of every kind of stream
+ * handle (a created stream; CU_STREAM_PER_THREAD; stream 0 through
+ * cuStreamBeginCapture_ptsz and _v2_ptsz; cuStreamBeginCaptureToGraph and
+ * its _ptsz twin; a capture the program invalidates with cuStreamQuery; a
+ * stream destroyed in the middle of its capture; GLOBAL and THREAD_LOCAL
+ * captures of a few launches) with releases made while they are live;
+ * primary context resets.
  *
  * The program is correct, as a real one would be: it never uses an object
  * after releasing it nor releases one twice; it reads the canary of a page
@@ -104,7 +105,9 @@
  *    canary that must still be intact when the pages are registered again
  *    and at the end (a writing kernel of the test driver stamps the host
  *    memory it writes);
- *  - every stream capture invalidated was one the program invalidated.
+ *  - every stream capture invalidated was one the program invalidated;
+ *  - meminfo: cuMemGetInfo_v2 answers, with the capacity as its total and
+ *    no more free than that.
  * At the end, after every thread has released everything and main has
  * synchronised every context and called cudefer_flush: testdrv_live of
  * every kind is back to its value at the start, no freed device memory is
@@ -1392,6 +1395,23 @@ static void end_span(struct worker *w)
 
 /* ---- the operations ------------------------------------------------------------------ */
 
+/* What a program asks of free memory (frameworks size their caches by it):
+ * the driver's answer, to which cudefer adds what it holds for the current
+ * context's device, walking every context while other threads create,
+ * reset and destroy them. Its value is checked by the engine suite
+ * (meminfo); here, that the call answers and stays within the capacity. */
+static void meminfo(struct worker *w)
+{
+    size_t free = 0, total = 0;
+    hx_begin(&w->t, "cuMemGetInfo_v2 in %s", cur(w)->name);
+    CUresult rc = cuMemGetInfo_v2(&free, &total);
+    hx_end(&w->t, rc);
+    if (hx_expect(&w->t, "cuMemGetInfo_v2", rc, CUDA_SUCCESS) &&
+        (free > total || total != capacity[CLS_DEVICE]))
+        hx_fail(&w->t, "meminfo", "cuMemGetInfo_v2 said %zu bytes free of %zu (capacity %zu)",
+                free, total, capacity[CLS_DEVICE]);
+}
+
 static void one_operation(void *arg)
 {
     struct worker *w = arg;
@@ -1426,6 +1446,8 @@ static void one_operation(void *arg)
         begin_span(w);
     } else if (pick < 879 && w->span == SPAN_NONE && !w->cap.live && !skip_reset) {
         reset_op(w);
+    } else if (pick >= 880 && pick < 890) {
+        meminfo(w);
     } else if (pick >= 940 && w->span == SPAN_NONE && across_on) {
         launch_across(w);
     } else if (pick >= 900 && w->nheld < HELD) {

@@ -7,6 +7,7 @@
 #include "common.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -2272,4 +2273,96 @@ Test(capture, belongs_to_its_streams_context, .timeout = 10)
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(cudefer_flush(), 0);
     cr_expect_eq(program_live(TESTDRV_DEVICE), 0, "the release queued during capture stayed");
+}
+
+/* ---- what cuMemGetInfo says ---------------------------------------------- */
+
+/* Sets up the current context's slot (a release, then everything given
+ * back), so that what follows starts from nothing held. */
+static void settle_context(void)
+{
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, 4096));
+    CU_OK(cuMemFree(d));
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(cudefer_flush(), 0);
+    for (int i = 0; i < 500 && testdrv_pending_free_bytes(); i++)
+        usleep(1000);
+}
+
+/* Device memory the program released and cudefer holds (here: its fences
+ * wait for a running kernel) counts as free, as after the driver's own
+ * waiting releases; the driver alone counts it as used until cudefer
+ * hands it back. */
+Test(meminfo, released_device_memory_counts_free, .timeout = 10)
+{
+    test_context();
+    settle_context();
+    size_t f0 = 0, t0 = 0;
+    CU_OK(cuMemGetInfo_v2(&f0, &t0));
+    CUdeviceptr p[4];
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemAlloc(&p[i], 1 << 20));
+    size_t f_live = 0, t = 0;
+    CU_OK(cuMemGetInfo_v2(&f_live, &t));
+    cr_assert_eq(f_live, f0 - (4 << 20), "the program's own blocks must count as used");
+    size_t in_driver = testdrv_live_bytes(TESTDRV_DEVICE);
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    for (int i = 0; i < 4; i++)
+        CU_OK(cuMemFree(p[i]));
+    size_t f1 = 0;
+    CU_OK(cuMemGetInfo_v2(&f1, &t));
+    cr_expect_eq(t, t0);
+    cr_expect_eq(testdrv_live_bytes(TESTDRV_DEVICE), in_driver,
+                 "cudefer was expected to hold the four blocks (the driver still has them)");
+    cr_expect_eq(f1, f0, "released blocks cudefer holds must count as free (%zu, want %zu)", f1,
+                 f0);
+    /* The 32-bit name (cuda.h maps cuMemGetInfo onto _v2), as a program
+     * that binds the old symbol reaches it. */
+    CUresult (*get_info_32)(unsigned *, unsigned *) =
+        (CUresult(*)(unsigned *, unsigned *))dlsym(RTLD_DEFAULT, "cuMemGetInfo");
+    cr_assert_not_null(get_info_32);
+    unsigned f32 = 0, t32 = 0;
+    CU_OK(get_info_32(&f32, &t32));
+    if (f0 < UINT_MAX)
+        cr_expect_eq(f32, (unsigned)f0, "the 32-bit answer differs");
+    /* Given back to the driver, they count as free all the same. */
+    CU_OK(cuCtxSynchronize());
+    cr_assert_eq(cudefer_flush(), 0);
+    for (int i = 0; i < 500 && testdrv_pending_free_bytes(); i++)
+        usleep(1000);
+    size_t f2 = 0;
+    CU_OK(cuMemGetInfo_v2(&f2, &t));
+    cr_expect_eq(f2, f0);
+}
+
+/* Only the current context's device: blocks held for a context of another
+ * device are not added (the test driver counts one capacity for both
+ * devices, so they stay used in either's answer). */
+Test(meminfo, another_devices_blocks_are_not_added, .timeout = 10)
+{
+    CUcontext a, b;
+    two_devices(&a, &b);
+    CU_OK(cuCtxSetCurrent(b));
+    settle_context();
+    CU_OK(cuCtxSetCurrent(a));
+    settle_context();
+    CU_OK(cuCtxSetCurrent(b));
+    size_t f0 = 0, t = 0;
+    CU_OK(cuMemGetInfo_v2(&f0, &t));
+    CUdeviceptr d;
+    CU_OK(cuMemAlloc(&d, 1 << 20));
+    size_t in_driver = testdrv_live_bytes(TESTDRV_DEVICE);
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuMemFree(d));
+    cr_assert_eq(testdrv_live_bytes(TESTDRV_DEVICE), in_driver,
+                 "cudefer was expected to hold the block (the driver still has it)");
+    size_t f = 0;
+    CU_OK(cuMemGetInfo_v2(&f, &t));
+    cr_expect_eq(f, f0, "device 1's own answer adds its block");
+    CU_OK(cuCtxSetCurrent(a));
+    CU_OK(cuMemGetInfo_v2(&f, &t));
+    cr_expect_eq(f, f0 - (1 << 20), "device 0's answer must not add device 1's block");
+    CU_OK(cuCtxSetCurrent(b));
+    CU_OK(cuCtxSynchronize());
 }

@@ -15,6 +15,8 @@
 
 #include <cudefer.h>
 
+#include <limits.h>
+
 #define EXPORT __attribute__((visibility("default")))
 
 /* ---- releases ---------------------------------------------------------------- */
@@ -824,6 +826,36 @@ EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CU
     do
         rc = real(phGraphExec, hGraph, flags);
     while (retry(&a, rc, CD_W_cuGraphInstantiateWithFlags));
+    return rc;
+}
+
+/* ---- free memory ------------------------------------------------------------- */
+
+/* The driver's answer, plus the device memory the program released that
+ * cudefer still holds (cd_mem_info): the driver alone would count it free. */
+EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
+    if (!real)
+        return cd_missing(CD_W_cuMemGetInfo_v2);
+    CUresult rc = real(free, total);
+    if (rc == CUDA_SUCCESS)
+        cd_mem_info(free, *total);
+    return rc;
+}
+
+/* The same in 32 bits: a figure the driver clamped stays clamped. */
+EXPORT CUresult CUDAAPI cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    __typeof__(&cuMemGetInfo) real = REAL(cuMemGetInfo);
+    if (!real)
+        return cd_missing(CD_W_cuMemGetInfo);
+    CUresult rc = real(free, total);
+    if (rc == CUDA_SUCCESS && *free < UINT_MAX) {
+        size_t f = *free;
+        cd_mem_info(&f, *total);
+        *free = f < UINT_MAX ? (unsigned int)f : UINT_MAX;
+    }
     return rc;
 }
 

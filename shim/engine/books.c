@@ -366,6 +366,14 @@ static int want_over_cache(struct cd_ctx *c, struct cd_record *r, void *arg)
     return r->kind == CD_DEVICE && r->done && !r->claimed && r->far <= l->far;
 }
 
+long long cd_books_device_bytes(struct cd_ctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    long long bytes = c->cached_bytes;
+    pthread_mutex_unlock(&c->lock);
+    return bytes;
+}
+
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks)
 {
     pthread_mutex_lock(&c->lock);

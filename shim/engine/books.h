@@ -51,6 +51,10 @@ void cd_books_forgotten(enum cd_retire_result res, const struct cd_forgotten *wa
 void cd_books_below_peak(struct cd_ctx *c, long long percent, long long *bytes,
                          long long *blocks);
 
+/* Bytes of device memory on c's books (released by the program, not yet
+ * handed to the driver). */
+long long cd_books_device_bytes(struct cd_ctx *c);
+
 /* Whether c's cache of device blocks holds more than bytes or blocks. */
 bool cd_books_over_cache(struct cd_ctx *c, long long bytes, long long blocks);
 

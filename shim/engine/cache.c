@@ -298,3 +298,30 @@ void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key)
     if (a->kind == CD_DEVICE)
         cd_retire_grown(c);
 }
+
+/* ---- what cuMemGetInfo says ---------------------------------------------------- */
+
+struct on_device {
+    CUdevice device;
+    long long bytes;
+};
+
+static void add_device_bytes(struct cd_ctx *c, void *arg)
+{
+    struct on_device *d = arg;
+    if (c->device == d->device)
+        d->bytes += cd_books_device_bytes(c);
+}
+
+void cd_mem_info(size_t *free, size_t total)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct on_device d = {0, 0};
+    if (!cd_engine_on() || !ops->ctx_get_device || ops->ctx_get_device(&d.device) != CUDA_SUCCESS)
+        return;
+    cd_ctx_each(add_device_bytes, &d);
+    if (d.bytes <= 0)
+        return;
+    size_t room = total > *free ? total - *free : 0;
+    *free += (size_t)d.bytes < room ? (size_t)d.bytes : room;
+}

@@ -16,7 +16,8 @@
  * captures of every kind of stream handle (created streams, the per-thread
  * stream by CU_STREAM_PER_THREAD and through the _ptsz entry points, to a
  * graph, GLOBAL ones around a launch) and captures the program invalidates,
- * cuCtxSynchronize[_v2], cudefer_flush, allocations of every kind the shim
+ * cuCtxSynchronize[_v2], cudefer_flush, cuMemGetInfo[_v2] (never above the
+ * capacity less what the program holds live), allocations of every kind the shim
  * tracks, and releases of every kind - of live objects, double releases,
  * pointers inside allocations, pointers of the wrong kind, bogus and NULL
  * pointers, objects of destroyed contexts.
@@ -746,6 +747,41 @@ static CUresult context_front(int *slot)
     case CUR_LIVE: break;
     }
     return CUDA_SUCCESS;
+}
+
+/* cuMemGetInfo or its 32-bit twin: the driver's answer for the current
+ * context (its error where there is no usable one), which never waits.
+ * cudefer adds only memory the program released, so the free figure is
+ * never above the capacity less what the program holds live. */
+static void op_meminfo(struct input *in)
+{
+    typedef CUresult (*info32_fn)(unsigned *, unsigned *);
+    static info32_fn info32;
+    if (!info32)
+        info32 = (info32_fn)dlsym(RTLD_DEFAULT, "cuMemGetInfo");
+    int slot;
+    CUresult want = context_front(&slot), rc;
+    size_t free = 0, total = 0;
+    struct nowait m;
+    if (u8(in) & 1) {
+        nowait_begin(&m, "cuMemGetInfo_v2");
+        rc = cuMemGetInfo_v2(&free, &total);
+        nowait_end(&m, true);
+    } else {
+        unsigned f = 0, t = 0;
+        nowait_begin(&m, "cuMemGetInfo");
+        rc = info32(&f, &t);
+        nowait_end(&m, true);
+        free = f;
+        total = t;
+    }
+    expect_rc("cuMemGetInfo", rc, want);
+    if (rc != CUDA_SUCCESS)
+        return;
+    size_t live = used_capacity(true);
+    if (total != device_capacity || free > total - live)
+        FAIL("cuMemGetInfo said %zu bytes free of %zu; the capacity is %zu and the program "
+             "holds %zu live", free, total, device_capacity, live);
 }
 
 static void op_sync(struct input *in)
@@ -1733,6 +1769,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {"context destroy", op_ctx_destroy}, {"set current", op_ctx_set},
         {"push/pop", op_ctx_push_pop}, {"primary", op_primary},
         {"capture", op_capture},     {"green", op_green},
+        {"cuMemGetInfo", op_meminfo},
     };
     for (op_index = 0; in.n && op_index < 64; op_index++) {
         unsigned b = u8(&in) % (sizeof ops / sizeof ops[0]);
