@@ -269,18 +269,60 @@ Test(hazard, writer_under_pre_12_5_fence, .timeout = 10)
     writer_then_free(CU_STREAM_LEGACY, false);
 }
 
-Test(hazard, stream_destroyed_while_writing_pre_12_5, .timeout = 10)
+/* Before 12.5 (the fence is events on the streams the program made): a
+ * 1 MiB block in *buf, and a stream of the program whose 200 ms kernel
+ * writes it. */
+static CUstream writer_pre_12_5(CUdeviceptr *buf)
 {
     setenv("TESTDRIVER_VERSION", "12040", 1);
     test_context();
-    CUdeviceptr buf;
-    CU_OK(cuMemAlloc(&buf, 1 << 20));
+    CU_OK(cuMemAlloc(buf, 1 << 20));
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(testdrv_launch(s, 200000, buf, 1 << 20, TESTDRV_WRITE));
+    CU_OK(testdrv_launch(s, 200000, *buf, 1 << 20, TESTDRV_WRITE));
+    return s;
+}
+
+Test(hazard, stream_destroyed_while_writing_pre_12_5, .timeout = 10)
+{
+    CUdeviceptr buf;
+    CUstream s = writer_pre_12_5(&buf);
     CU_OK(cuStreamDestroy(s)); /* its work still runs */
     CU_OK(cuMemFree(buf));
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* Before 12.5, a stream destroyed in the middle of its capture: the work
+ * it ran before the capture still guards the blocks it wrote, and the
+ * fences after it still work. The final record of such a stream used to be
+ * made inside the capture (a node of the graph), which no stream outside
+ * it may wait for: every later fence failed, and every later release went
+ * to the driver's own, waiting call. */
+Test(hazard, stream_destroyed_in_its_capture_pre_12_5, .timeout = 10)
+{
+    CUdeviceptr buf;
+    CUstream s = writer_pre_12_5(&buf);
+    CU_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CU_OK(cuMemFree(buf));   /* while the capture is live: deferred unfenced */
+    CU_OK(cuStreamDestroy(s)); /* ends the capture; the writer still runs */
+    usleep(20000);
+    CUdeviceptr again;
+    CU_OK(cuMemAlloc(&again, 1 << 20));
+    cr_expect_neq(again, buf, "the block was handed out again while its writer ran");
+    /* Given back for real only once the writer is done. */
+    cr_assert_eq(cudefer_flush(), 0);
+    cr_expect_eq(testdrv_faults(), 0, "the block was freed while its writer ran");
+    /* A later release, under a kernel that runs long, does not wait. */
+    CUdeviceptr other;
+    CU_OK(cuMemAlloc(&other, 4096));
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
+    uint64_t calls = testdrv_thread_wait_calls();
+    CU_OK(cuMemFree(other));
+    cr_expect_eq(testdrv_thread_wait_calls(), calls,
+                 "a release after the destroyed capture went to the driver's waiting call");
+    CU_OK(cuMemFree(again));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_faults(), 0, "a kernel wrote to memory the shim let go");
 }
 
 /* A kernel of another device's context reads the memory through peer
@@ -578,43 +620,6 @@ Test(oom, many_rounds_larger_than_the_device, .timeout = 60)
     }
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(testdrv_faults(), 0);
-}
-
-/* Before 12.5, a stream destroyed in the middle of its capture: the work
- * it ran before the capture still guards the blocks it wrote, and the
- * fences after it still work. The final record of such a stream used to be
- * made inside the capture (a node of the graph), which no stream outside
- * it may wait for: every later fence failed, and every later release went
- * to the driver's own, waiting call. */
-Test(hazard, stream_destroyed_in_its_capture_pre_12_5, .timeout = 10)
-{
-    setenv("TESTDRIVER_VERSION", "12040", 1);
-    test_context();
-    CUdeviceptr buf;
-    CU_OK(cuMemAlloc(&buf, 1 << 20));
-    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(testdrv_launch(s, 200000, buf, 1 << 20, TESTDRV_WRITE));
-    CU_OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-    CU_OK(cuMemFree(buf));   /* while the capture is live: deferred unfenced */
-    CU_OK(cuStreamDestroy(s)); /* ends the capture; the writer still runs */
-    usleep(20000);
-    CUdeviceptr again;
-    CU_OK(cuMemAlloc(&again, 1 << 20));
-    cr_expect_neq(again, buf, "the block was handed out again while its writer ran");
-    /* Given back for real only once the writer is done. */
-    cr_assert_eq(cudefer_flush(), 0);
-    cr_expect_eq(testdrv_faults(), 0, "the block was freed while its writer ran");
-    /* A later release, under a kernel that runs long, does not wait. */
-    CUdeviceptr other;
-    CU_OK(cuMemAlloc(&other, 4096));
-    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 300000, 0, 0, TESTDRV_NONE));
-    uint64_t calls = testdrv_thread_wait_calls();
-    CU_OK(cuMemFree(other));
-    cr_expect_eq(testdrv_thread_wait_calls(), calls,
-                 "a release after the destroyed capture went to the driver's waiting call");
-    CU_OK(cuMemFree(again));
-    CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_faults(), 0, "a kernel wrote to memory the shim let go");
 }
 
 /* ---- registrations ------------------------------------------------------- */
