@@ -472,6 +472,12 @@ int cd_driver_version(void)
     return atomic_load(&version);
 }
 
+bool cd_driver_records_contexts(void)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    return ops && cd_driver_version() >= 12050 && ops->ctx_record_event;
+}
+
 static _Atomic bool stopped;
 
 bool cd_driver_in_use(void)

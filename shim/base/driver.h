@@ -92,6 +92,11 @@ const struct cd_driver_ops *cd_driver_ops(void);
 /* The driver's version (cuDriverGetVersion), or 0 when unknown. */
 int cd_driver_version(void);
 
+/* Whether a record of a whole context (cuCtxRecordEvent, driver 12.5+) is
+ * there for the fences; before it they record an event on each stream the
+ * program made. */
+bool cd_driver_records_contexts(void);
+
 /* Whether cudefer calls the driver on its own behalf at all: the driver is
  * usable (cd_driver_ops), glibc's dlsym was found, and the process is not
  * past cudefer's exit handler (cd_driver_stop_using: at exit the driver

@@ -457,7 +457,7 @@ static void make_word(struct cd_ctx *c, const struct cd_driver_ops *ops)
 
 static bool setup(struct cd_ctx *c, CUcontext ctx, int primary, const struct cd_driver_ops *ops)
 {
-    c->ctx_record = cd_driver_version() >= 12050 && ops->ctx_record_event;
+    c->ctx_record = cd_driver_records_contexts();
     /* Before 12.5 the fence is made of events on the program's streams; a
      * blocking private stream then also follows the legacy stream. */
     unsigned flags = c->ctx_record ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;

@@ -57,7 +57,9 @@ void cd_stream_destroying(CUstream stream)
 
 void cd_stream_capturing(CUstream stream)
 {
-    /* Stream 0, the legacy and the per-thread streams are not followed. */
-    if (cd_engine_on() && stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD)
+    /* From driver 12.5 the fences record the context instead (fence.c).
+     * Stream 0, the legacy and the per-thread streams are not followed. */
+    if (cd_engine_on() && !cd_driver_records_contexts() && stream && stream != CU_STREAM_LEGACY &&
+        stream != CU_STREAM_PER_THREAD)
         follow(stream, STREAM_CAPTURING);
 }
