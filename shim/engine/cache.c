@@ -47,7 +47,6 @@
 #include "registry.h"
 #include "retire.h"
 #include "stats.h"
-#include "waiter.h"
 
 #include <sched.h>
 #include <time.h>
@@ -311,7 +310,7 @@ static void add_device_bytes(struct cd_ctx *c, void *arg)
 {
     struct on_device *d = arg;
     if (c->device == d->device)
-        d->bytes += cd_books_device_bytes(c) + cd_waiter_freeing_bytes(c);
+        d->bytes += cd_books_device_bytes(c);
 }
 
 void cd_mem_info(size_t *free, size_t total)

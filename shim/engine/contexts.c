@@ -634,7 +634,6 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     c->word = NULL;
     c->word_dev = 0;
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
-    atomic_store(&c->freeing_bytes, 0);
     /* The program's blocks in it went with the context. */
     cd_stats_add_program_device_bytes(-atomic_exchange(&c->live_bytes, 0));
     atomic_store(&c->peak_bytes, 0);

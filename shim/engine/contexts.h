@@ -103,8 +103,6 @@ struct cd_ctx {
     _Atomic long long live_bytes, peak_bytes, live_blocks, peak_blocks;
     int claims;                        /* records a reuse is looking at */
     struct cd_link inflight;           /* device frees issued, not yet batched */
-    _Atomic long long freeing_bytes;   /* of those and the batches': bytes not yet
-                                          synchronised, which the driver counts as used */
     struct cd_link watches;
     _Atomic uint64_t watch_ns;         /* when the newest watch began */
     _Atomic bool sticky;               /* the context has a sticky error */

@@ -94,12 +94,14 @@ void cd_ipc_exported(CUdeviceptr ptr);
 
 /* cuMemGetInfo succeeded with *free bytes free of total: adds the device
  * memory the program released in contexts of the current context's device
- * that the driver still counts as used: what cudefer holds (on the books:
- * kept for reuse, waiting for its fence, or queued while a capture was
- * live) and its stream-ordered frees not yet synchronised. The driver alone
- * would count it free once its own release had returned, and an allocation
- * that runs short of memory takes it back. Never more than total. Does not
- * wait. */
+ * and cudefer still holds (on the books: kept for reuse, waiting for its
+ * fence, or queued while a capture was live). The driver alone would count
+ * it free once its own release had returned, and an allocation that runs
+ * short of memory takes it back. Frees already handed to the driver that
+ * the waiter has not synchronised yet are not added: the driver takes them
+ * back at any host synchronisation that covers them, so counting them could
+ * count them twice; until the waiter settles them the figure is low, never
+ * high. Never more than total. Does not wait. */
 void cd_mem_info(size_t *free, size_t total);
 
 /* --- allocations --------------------------------------------------------- */

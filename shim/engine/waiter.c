@@ -89,21 +89,11 @@ void cd_waiter_see_marks(void)
         cd_waiter_poke();
 }
 
-/* Bytes of the records on list (by their age links). */
-static long long list_bytes(const struct cd_link *list)
-{
-    long long bytes = 0;
-    for (const struct cd_link *l = list->next; l != list; l = l->next)
-        bytes += (long long)CD_CONTAINER(l, struct cd_record, age)->bytes;
-    return bytes;
-}
-
 void cd_waiter_add(struct cd_ctx *c, struct cd_link *list, long long n)
 {
     if (!n)
         return;
     atomic_fetch_add(&pending, n);
-    atomic_fetch_add(&c->freeing_bytes, list_bytes(list));
     pthread_mutex_lock(&c->lock);
     cd_list_splice(&c->inflight, list);
     pthread_mutex_unlock(&c->lock);
@@ -218,7 +208,6 @@ static void open_batch(struct cd_ctx *c, const struct cd_driver_ops *ops)
         /* Settled at once: the registry forgets them early, which is
          * harmless (the driver hands their addresses out only once the
          * frees are done). */
-        atomic_fetch_sub(&c->freeing_bytes, list_bytes(&fresh));
         end_records(&fresh, CUDA_SUCCESS);
         return;
     }
@@ -281,9 +270,7 @@ size_t cd_waiter_settle(struct cd_ctx *c, bool wait)
         if (q == CUDA_ERROR_NOT_READY)
             break;
         /* Completed: the synchronisation returns at once and gives the
-         * memory back to the driver's allocator (not counted as freeing
-         * first, so that no figure counts it twice). */
-        atomic_fetch_sub(&c->freeing_bytes, list_bytes(&b->records));
+         * memory back to the driver's allocator. */
         if (q == CUDA_SUCCESS && b->marker)
             q = ops->event_synchronize(b->marker);
         c->batches = b->next;
@@ -304,11 +291,6 @@ void cd_waiter_see(struct cd_ctx *c)
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     see_watches(c, cd_driver_ops());
     cd_scope_leave(&sc);
-}
-
-long long cd_waiter_freeing_bytes(struct cd_ctx *c)
-{
-    return atomic_load(&c->freeing_bytes);
 }
 
 bool cd_waiter_pending(struct cd_ctx *c)
@@ -339,7 +321,6 @@ void cd_waiter_forget(struct cd_ctx *c, bool alive)
         end_records(&b->records, CUDA_SUCCESS);
         free(b);
     }
-    atomic_store(&c->freeing_bytes, 0);
     pthread_mutex_unlock(&c->drain_lock);
     pthread_mutex_lock(&c->lock);
     while (!cd_list_empty(&c->watches)) {

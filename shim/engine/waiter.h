@@ -65,10 +65,6 @@ void cd_waiter_see(struct cd_ctx *c);
 /* Whether c has frees in flight. */
 bool cd_waiter_pending(struct cd_ctx *c);
 
-/* Bytes of c's device frees issued and not yet synchronised (the driver
- * counts them as used until then). Does not wait. */
-long long cd_waiter_freeing_bytes(struct cd_ctx *c);
-
 /* c is closed for good: its frees in flight end with it (its destruction
  * completes them; with alive false it is already gone), and its watches
  * are dropped. */
