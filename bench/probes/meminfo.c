@@ -4,8 +4,11 @@
  * cudefer. The driver alone waits in each cuMemFree for the kernel and then
  * counts the memory free; cudefer returns at once, holds the blocks until
  * their fences pass, and adds what it holds for the current device to the
- * free figure. The two runs should print about the same free figures (the
- * driver's own memory moves by a few MiB between calls).
+ * free figure. The two runs print about the same free figures (the
+ * driver's own memory moves by a few MiB between calls) up to the
+ * releases; right after the cuCtxSynchronize, cudefer's figure is low by
+ * the blocks its flush has just handed to the driver and not yet settled
+ * (bench/RESULTS.md, run 80).
  *
  *   gcc -std=gnu17 -O2 -I bench -I /usr/local/cuda/include \
  *       bench/probes/meminfo.c -o /tmp/meminfo \
