@@ -73,7 +73,7 @@
  *
  * Usage: cudefer-loops [--shim PATH] [--runs N] [--quick] [--smoke]
  *                      [--only stall,loops,cost,live] [--rows ID,...] [--log FILE]
- *                      [--goals FILE] [--live-budget S] [--budget S]
+ *                      [--goals FILE] [--live-budget S] [--budget S] [--cpus N]
  *   --shim PATH      libcudefer.so (default: $CUDEFER_SHIM, else the one
  *                    this process has preloaded)
  *   --runs N         runs per figure (default 5; 2 with --smoke)
@@ -92,6 +92,11 @@
  *   --budget S       start no child after S seconds, and end a child still
  *                    running then (its measurements are reported missing):
  *                    the tables are printed in any case
+ *   --cpus N         pin every child to the same N CPUs, the first N this
+ *                    process may run on (default 4; 0: no pinning). Two
+ *                    children running the same code in one run differed
+ *                    by 27% when the scheduler placed them freely
+ *                    (bench/RESULTS.md, run 79); the CPUs are printed
  * Exit status: 0 when every child ran to completion; 1 when one failed (a
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
  * line was missing); 2 for bad usage. A goal not met is not a failure.
@@ -105,6 +110,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -135,11 +141,39 @@ static struct {
     const char *goals;
     double live_budget_s; /* 0: the default */
     double budget_s;      /* parent: no child started after this many s (0: none) */
+    int cpus;             /* parent: children pinned to this many CPUs (0: not) */
     /* child only */
     const char *child;  /* "stall", "loop:<row>:<touch>", "cost" or "live" */
     const char *mode;   /* "none", "cudefer", "keep" or "pool" */
     long live_max;      /* live: the largest N to reach (0: no limit) */
-} opt = {.runs = 5};
+} opt = {.runs = 5, .cpus = 4};
+
+/* The CPUs every child runs on (--cpus), chosen once by the parent. */
+static cpu_set_t child_cpus;
+static bool pin_children;
+
+/* Chooses the first opt.cpus CPUs this process may run on, and prints
+ * them. */
+static void choose_cpus(void)
+{
+    cpu_set_t allowed;
+    if (opt.cpus == 0 || sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return;
+    CPU_ZERO(&child_cpus);
+    char list[256] = "";
+    size_t len = 0;
+    int n = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE && n < opt.cpus; cpu++) {
+        if (!CPU_ISSET(cpu, &allowed))
+            continue;
+        CPU_SET(cpu, &child_cpus);
+        len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%d",
+                                n ? "," : "", cpu);
+        n++;
+    }
+    pin_children = n > 0;
+    printf("Children pinned to CPUs %s.\n\n", list);
+}
 
 /* The children: the driver alone, with cudefer, and (loops only) the
  * driver's stream-ordered pool without cudefer, and cudefer with
@@ -1288,6 +1322,9 @@ static void run_job(struct job *j)
                 unsetenv("LD_PRELOAD");
             unsetenv("CUDEFER_REPORT");
         }
+        if (pin_children && sched_setaffinity(0, sizeof child_cpus, &child_cpus) != 0)
+            fprintf(stderr, "cudefer-loops: sched_setaffinity: %s; not pinned\n",
+                    strerror(errno));
         execv(self_exe, child_argv(j));
         fprintf(stderr, "cudefer-loops: exec %s: %s\n", self_exe, strerror(errno));
         _exit(127);
@@ -2152,7 +2189,7 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--shim PATH] [--runs N] [--quick] [--smoke] "
             "[--only stall,loops,cost,live] [--rows ID,...] [--log FILE] [--goals FILE] "
-            "[--live-budget S] [--budget S]\n",
+            "[--live-budget S] [--budget S] [--cpus N]\n",
             argv0);
     exit(2);
 }
@@ -2188,6 +2225,11 @@ static void parse_args(int argc, char **argv)
             if (*end || v <= 0)
                 usage(argv[0]);
             opt.budget_s = v;
+        } else if (strcmp(a, "--cpus") == 0 && has) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > 1024)
+                usage(argv[0]);
+            opt.cpus = (int)v;
         }
         else if (strcmp(a, "--live-budget") == 0 && has) {
             double v = strtod(argv[++i], &end);
@@ -2291,6 +2333,7 @@ int main(int argc, char **argv)
     parent_start_ms = t_start;
     fprintf(stderr, "cudefer-loops: shim %s; %d run(s) per figure%s%s\n", shim_path, opt.runs,
             opt.quick ? "; quick" : "", opt.smoke ? "; smoke" : "");
+    choose_cpus();
     const struct job *info[N_MODES] = {NULL};
     double secs[4] = {0, 0, 0, 0};
     if (want_stall) {

@@ -69,6 +69,64 @@ static void release_one(struct cd_ctx *c, struct cd_record *r)
     cd_registry_end(r, CD_GONE);
 }
 
+static bool fence_passed(struct cd_record *r)
+{
+    return cd_fence_query(r->ctx, r->done, r->far) == CUDA_SUCCESS;
+}
+
+/* Frees the device blocks of list, whose fences have passed, on c's idle
+ * stream and waits for those frees: nothing else runs there (only frees
+ * of passed blocks, from here and the context's warm-up), so the wait
+ * ends as soon as the driver has done them, and the host synchronisation
+ * gives the memory back to the driver's allocator and to cuMemGetInfo
+ * (DESIGN §1). A block whose free fails goes back on the books. Called in
+ * c's scope. Returns how many were freed. WAITS for the frees only, never
+ * for the program's work. */
+static size_t free_settled(struct cd_ctx *c, struct cd_link *list)
+{
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    struct cd_link freed;
+    cd_list_init(&freed);
+    while (!cd_list_empty(list)) {
+        struct cd_record *r = CD_CONTAINER(list->next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        /* Behind its passed fence: a stream-ordered free behind a wait
+         * costs the caller a tenth of one on an idle stream (run 33). */
+        CUresult rc = r->done ? ops->stream_wait_event(c->spare, r->done, 0) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS && ops->mem_free_async((CUdeviceptr)r->key, c->spare) == CUDA_SUCCESS)
+            cd_list_append(&freed, &r->age);
+        else
+            cd_books_defer(c, r);
+    }
+    if (cd_list_empty(&freed))
+        return 0;
+    ops->stream_synchronize(c->spare);
+    size_t n = 0;
+    while (!cd_list_empty(&freed)) {
+        struct cd_record *r = CD_CONTAINER(freed.next, struct cd_record, age);
+        cd_list_remove(&r->age);
+        atomic_fetch_add(&cd_stats.released[r->kind], 1);
+        cd_retire_drop_event(c, r);
+        cd_registry_end(r, CD_GONE);
+        n++;
+    }
+    return n;
+}
+
+/* Moves the entries of list whose fences have passed to passed. Does not
+ * wait. */
+static void take_passed(struct cd_link *list, struct cd_link *passed)
+{
+    for (struct cd_link *e = list->next, *next; e != list; e = next) {
+        next = e->next;
+        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
+        if (fence_passed(r)) {
+            cd_list_remove(&r->age);
+            cd_list_append(passed, &r->age);
+        }
+    }
+}
+
 /* The greatest number of the other contexts' records (fence.h) among list's
  * entries. */
 static uint64_t far_of(struct cd_link *list)
@@ -153,6 +211,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
         if (held)
             *held = true;
     }
+    int released = 0;
     /* Device blocks first: their frees do not wait, and their memory is
      * back soonest. */
     for (struct cd_link *e = list.next, *next; e != &list; e = next) {
@@ -175,19 +234,31 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
          * a blocking one, not measured: there the driver's cuMemFree
          * releases them after their fence, like the other kinds. */
         bool gate = cd_gate_enter();
+        /* A synchronisation settles the blocks whose fences have passed
+         * (all those released before the program's own wait) on the idle
+         * stream before it returns, outside the gate (a capture that
+         * begins meanwhile waits for the gate's holders): a cuMemGetInfo
+         * right after it counts them free, as after the driver's own
+         * releases. A block released since, in another thread, goes the
+         * waiter's way: a wait for it could reach work launched after the
+         * program's synchronisation. */
+        struct cd_link passed;
+        cd_list_init(&passed);
+        if (gate && why == CD_FLUSH_SYNC)
+            take_passed(&device, &passed);
         if (gate || (why != CD_FLUSH_SYNC && c->ctx_record))
             cd_retire_free(c, c->priv, &device);
         else if (why != CD_FLUSH_SYNC)
             cd_list_splice(&list, &device);
         if (gate)
             cd_gate_exit();
+        released += (int)free_settled(c, &passed);
         while (!cd_list_empty(&device)) {
             struct cd_record *r = CD_CONTAINER(device.next, struct cd_record, age);
             cd_list_remove(&r->age);
             cd_books_defer(c, r);
         }
     }
-    int released = 0;
     while (!cd_list_empty(&list)) {
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
@@ -278,48 +349,21 @@ void cd_context_synchronized(CUcontext ctx)
 
 /* ---- out of memory ------------------------------------------------------------ */
 
-static bool fence_passed(struct cd_record *r)
-{
-    return cd_fence_query(r->ctx, r->done, r->far) == CUDA_SUCCESS;
-}
-
 /* Frees c's device blocks whose fence has passed on its idle stream and
  * settles them there and then; settles the completed frees in flight. Does
  * not wait for unfinished GPU work. */
 static void reclaim_ready(struct cd_ctx *c, void *arg)
 {
     bool *any = arg;
-    const struct cd_driver_ops *ops = cd_driver_ops();
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
-    struct cd_link list, freed;
+    struct cd_link list;
     cd_list_init(&list);
-    cd_list_init(&freed);
     /* In transit until the memory is back with the driver or the entries
      * on the books (holds_anything). */
     cd_books_transit(1);
-    if (cd_books_take_passed(c, fence_passed, &list)) {
-        while (!cd_list_empty(&list)) {
-            struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
-            cd_list_remove(&r->age);
-            if (ops->mem_free_async((CUdeviceptr)r->key, c->spare) == CUDA_SUCCESS) {
-                cd_list_append(&freed, &r->age);
-            } else {
-                cd_books_defer(c, r);
-            }
-        }
-        /* Nothing else runs on the idle stream: this returns as soon as the
-         * frees are done, and gives the memory back. */
-        ops->stream_synchronize(c->spare);
-        while (!cd_list_empty(&freed)) {
-            struct cd_record *r = CD_CONTAINER(freed.next, struct cd_record, age);
-            cd_list_remove(&r->age);
-            atomic_fetch_add(&cd_stats.released[r->kind], 1);
-            cd_retire_drop_event(c, r);
-            cd_registry_end(r, CD_GONE);
-            *any = true;
-        }
-    }
+    if (cd_books_take_passed(c, fence_passed, &list) && free_settled(c, &list))
+        *any = true;
     cd_books_transit(-1);
     cd_scope_leave(&sc);
     if (cd_waiter_settle(c, false))
