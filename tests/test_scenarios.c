@@ -383,7 +383,8 @@ Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout
 }
 
 /* The synchronisation waits for the program's work, then for the frees of
- * the blocks released before it (their fences passed in that wait) and for
+ * the blocks of 2 MiB and more released before it (their fences passed in
+ * that wait; smaller ones go to the waiter, test_engine.c) and for
  * nothing else: one more call that may wait, on a stream that holds only
  * those frees. The memory is back with the driver when it returns. */
 Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout = 20)
@@ -392,7 +393,7 @@ Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout =
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < 4; i++) {
         CUdeviceptr d;
-        CU_OK(cuMemAlloc(&d, (size_t)(i + 1) * MIB));
+        CU_OK(cuMemAlloc(&d, (size_t)(i + 2) * MIB));
         CU_OK(testdrv_launch(s, 50000, d, MIB, TESTDRV_WRITE));
         CU_OK(cuMemFree(d));
     }
@@ -416,7 +417,7 @@ Test(scenarios, ctx_synchronize_after_the_work_waits_for_no_kernel, .timeout = 2
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < 4; i++) {
         CUdeviceptr d;
-        CU_OK(cuMemAlloc(&d, (size_t)(i + 1) * MIB));
+        CU_OK(cuMemAlloc(&d, (size_t)(i + 2) * MIB));
         CU_OK(testdrv_launch(s, 50000, d, MIB, TESTDRV_WRITE));
         CU_OK(cuMemFree(d));
     }
