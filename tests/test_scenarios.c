@@ -383,8 +383,7 @@ Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout
 }
 
 /* The synchronisation waits for the program's work, then for the frees of
- * the blocks of 2 MiB and more released before it (their fences passed in
- * that wait; smaller ones go to the waiter, test_engine.c) and for
+ * the blocks released before it (their fences passed in that wait) and for
  * nothing else: one more call that may wait, on a stream that holds only
  * those frees. The memory is back with the driver when it returns. */
 Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout = 20)

@@ -9,7 +9,7 @@
  * releases; right after the cuCtxSynchronize, cudefer's figure was low by
  * the blocks its flush had just handed to the driver and not yet settled
  * (bench/RESULTS.md, run 80), and is the driver's since the synchronisation
- * settles blocks of 2 MiB and more itself (run 81).
+ * settles them itself (run 81).
  *
  *   gcc -std=gnu17 -O2 -I bench -I /usr/local/cuda/include \
  *       bench/probes/meminfo.c -o /tmp/meminfo \

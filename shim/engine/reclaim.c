@@ -113,23 +113,17 @@ static size_t free_settled(struct cd_ctx *c, struct cd_link *list)
     return n;
 }
 
-/* Device blocks from this size up are settled by the synchronisation that
- * hands them over; smaller ones by the waiter. Settling costs a block about
- * what the driver's cuMemFree costs (1.4 us on an H200, run 81): on the
- * program's thread for 2,000 blocks of 4 KiB it took a synchronisation
- * from 0.4 to 1.4 us a block. Blocks below the driver's 2 MiB page share
- * pages (cuMemGetInfo moves by whole pages: bench/probes/meminfo.c), so
- * their frees change the figure little. */
-#define SETTLE_BYTES ((size_t)2 << 20)
-
-/* Moves the entries of list of at least SETTLE_BYTES whose fences have
- * passed to passed. Does not wait. */
+/* Moves the entries of list whose fences have passed to passed. Does not
+ * wait. Settling them on the program's thread costs a synchronisation
+ * about 2.6 us a block on an H200 (0.8 when the waiter settled them), but
+ * a figure right: blocks of 4 KiB and of 1 MiB move cuMemGetInfo byte for
+ * byte, as large ones do (run 81, bench/probes/meminfo.c). */
 static void take_passed(struct cd_link *list, struct cd_link *passed)
 {
     for (struct cd_link *e = list->next, *next; e != list; e = next) {
         next = e->next;
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
-        if (r->bytes >= SETTLE_BYTES && fence_passed(r)) {
+        if (fence_passed(r)) {
             cd_list_remove(&r->age);
             cd_list_append(passed, &r->age);
         }
@@ -243,9 +237,8 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
          * a blocking one, not measured: there the driver's cuMemFree
          * releases them after their fence, like the other kinds. */
         bool gate = cd_gate_enter();
-        /* A synchronisation settles the large blocks whose fences have
-         * passed (all those released before the program's own wait; the
-         * small ones go to the waiter, take_passed) on the idle
+        /* A synchronisation settles the blocks whose fences have passed
+         * (all those released before the program's own wait) on the idle
          * stream before it returns, outside the gate (a capture that
          * begins meanwhile waits for the gate's holders): a cuMemGetInfo
          * right after it counts them free, as after the driver's own
