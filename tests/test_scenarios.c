@@ -382,11 +382,9 @@ Test(scenarios, library_unload_during_a_primary_release_in_one_context, .timeout
     CU_OK(cuCtxSynchronize());
 }
 
-/* The synchronisation waits for the program's work, then for the frees of
- * the blocks released before it (their fences passed in that wait) and for
- * nothing else: one more call that may wait, on a stream that holds only
- * those frees. The memory is back with the driver when it returns. */
-Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout = 20)
+/* Four blocks, each released while a 50 ms kernel of its own writes it, on
+ * one stream of a fresh test context; returns that stream. */
+static CUstream released_under_kernels(void)
 {
     test_context();
     CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
@@ -396,6 +394,16 @@ Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout =
         CU_OK(testdrv_launch(s, 50000, d, MIB, TESTDRV_WRITE));
         CU_OK(cuMemFree(d));
     }
+    return s;
+}
+
+/* The synchronisation waits for the program's work, then for the frees of
+ * the blocks released before it (their fences passed in that wait) and for
+ * nothing else: one more call that may wait, on a stream that holds only
+ * those frees. The memory is back with the driver when it returns. */
+Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout = 20)
+{
+    released_under_kernels();
     uint64_t calls = testdrv_thread_wait_calls();
     CU_OK(cuCtxSynchronize());
     cr_expect_leq(testdrv_thread_wait_calls() - calls, 2,
@@ -412,14 +420,7 @@ Test(scenarios, ctx_synchronize_with_device_blocks_waits_only_itself, .timeout =
  * they followed). */
 Test(scenarios, ctx_synchronize_after_the_work_waits_for_no_kernel, .timeout = 20)
 {
-    test_context();
-    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
-    for (int i = 0; i < 4; i++) {
-        CUdeviceptr d;
-        CU_OK(cuMemAlloc(&d, (size_t)(i + 2) * MIB));
-        CU_OK(testdrv_launch(s, 50000, d, MIB, TESTDRV_WRITE));
-        CU_OK(cuMemFree(d));
-    }
+    CUstream s = released_under_kernels();
     CU_OK(cuStreamSynchronize(s));
     uint64_t blocked = testdrv_thread_blocked_ns();
     CU_OK(cuCtxSynchronize());
