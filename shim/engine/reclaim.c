@@ -113,21 +113,24 @@ static size_t free_settled(struct cd_ctx *c, struct cd_link *list)
     return n;
 }
 
-/* Moves the entries of list whose fences have passed to passed. Does not
- * wait. Settling them on the program's thread costs a synchronisation
- * about 2.6 us a block on an H200 (0.8 when the waiter settled them), but
- * a figure right: blocks of 4 KiB and of 1 MiB move cuMemGetInfo byte for
- * byte, as large ones do (run 81, bench/probes/meminfo.c). */
-static void take_passed(struct cd_link *list, struct cd_link *passed)
+/* Moves the entries of from for which pick holds to the end of to, in
+ * their order. Does not wait (pick does not). */
+static void move_where(struct cd_link *from, struct cd_link *to,
+                       bool (*pick)(struct cd_record *r))
 {
-    for (struct cd_link *e = list->next, *next; e != list; e = next) {
+    for (struct cd_link *e = from->next, *next; e != from; e = next) {
         next = e->next;
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
-        if (fence_passed(r)) {
+        if (pick(r)) {
             cd_list_remove(&r->age);
-            cd_list_append(passed, &r->age);
+            cd_list_append(to, &r->age);
         }
     }
+}
+
+static bool fenced_device(struct cd_record *r)
+{
+    return r->kind == CD_DEVICE && r->done;
 }
 
 /* The greatest number of the other contexts' records (fence.h) among list's
@@ -217,14 +220,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     int released = 0;
     /* Device blocks first: their frees do not wait, and their memory is
      * back soonest. */
-    for (struct cd_link *e = list.next, *next; e != &list; e = next) {
-        next = e->next;
-        struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
-        if (r->kind == CD_DEVICE && r->done) {
-            cd_list_remove(&r->age);
-            cd_list_append(&device, &r->age);
-        }
-    }
+    move_where(&list, &device, fenced_device);
     if (!cd_list_empty(&device)) {
         /* Stream-ordered frees on the private stream, behind each fence.
          * A synchronisation makes them only outside captures (the gate);
@@ -242,13 +238,15 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
          * stream before it returns, outside the gate (a capture that
          * begins meanwhile waits for the gate's holders): a cuMemGetInfo
          * right after it counts them free, as after the driver's own
-         * releases. A block released since, in another thread, goes the
-         * waiter's way: a wait for it could reach work launched after the
-         * program's synchronisation. */
+         * releases; small blocks move it byte for byte as large ones do
+         * (run 81). That costs the synchronisation about 2.6 us a block on
+         * an H200, 0.8 when the waiter settled them. A block released
+         * since, in another thread, goes the waiter's way: a wait for it
+         * could reach work launched after the program's synchronisation. */
         struct cd_link passed;
         cd_list_init(&passed);
         if (gate && why == CD_FLUSH_SYNC)
-            take_passed(&device, &passed);
+            move_where(&device, &passed, fence_passed);
         if (gate || (why != CD_FLUSH_SYNC && c->ctx_record))
             cd_retire_free(c, c->priv, &device);
         else if (why != CD_FLUSH_SYNC)
