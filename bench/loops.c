@@ -93,10 +93,10 @@
  *                    running then (its measurements are reported missing):
  *                    the tables are printed in any case
  *   --cpus N         pin every child to the same N CPUs, the first N this
- *                    process may run on (default 4; 0: no pinning). Two
- *                    children running the same code in one run differed
- *                    by 27% when the scheduler placed them freely
- *                    (bench/RESULTS.md, run 79); the CPUs are printed
+ *                    process may run on (default 4; 0: no pinning); the
+ *                    CPUs are printed. Two children running the same code
+ *                    differed by 27% placed freely (bench/RESULTS.md, run
+ *                    79) and still by 47% pinned (run 82)
  * Exit status: 0 when every child ran to completion; 1 when one failed (a
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
  * line was missing); 2 for bad usage. A goal not met is not a failure.
@@ -167,8 +167,8 @@ static void choose_cpus(void)
         if (!CPU_ISSET(cpu, &allowed))
             continue;
         CPU_SET(cpu, &child_cpus);
-        len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%d",
-                                n ? "," : "", cpu);
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", n ? "," : "", cpu);
         n++;
     }
     pin_children = n > 0;
