@@ -40,6 +40,13 @@
  *                a kernel that runs on another stream (and does not touch
  *                the block): each size alone, and beside a live block of
  *                the same size allocated just before it
+ *   hostpool     pinned host memory from a pool (cuMemPoolCreate, location
+ *                HOST) beside cuMemAllocHost's and cuMemHostAlloc's: every
+ *                query, copy and kernel access on each (the conformance
+ *                table a pool behind cuMemAllocHost would have to answer
+ *                for), the pool's reuse attributes, and whether a block
+ *                freed behind a running kernel comes back, on the same
+ *                stream or another, while that kernel still writes it
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -990,6 +997,246 @@ static int fact_beside(void)
     return 0;
 }
 
+/* ---- a host pool's blocks beside the driver's pinned ones ----------------- */
+
+#define HP_BYTES (4 * GC_MIB)
+
+static const struct {
+    const char *name;
+    CUpointer_attribute a;
+} hp_attrs[] = {
+    {"context", CU_POINTER_ATTRIBUTE_CONTEXT},
+    {"memory_type", CU_POINTER_ATTRIBUTE_MEMORY_TYPE},
+    {"device_pointer", CU_POINTER_ATTRIBUTE_DEVICE_POINTER},
+    {"host_pointer", CU_POINTER_ATTRIBUTE_HOST_POINTER},
+    {"sync_memops", CU_POINTER_ATTRIBUTE_SYNC_MEMOPS},
+    {"buffer_id", CU_POINTER_ATTRIBUTE_BUFFER_ID},
+    {"is_managed", CU_POINTER_ATTRIBUTE_IS_MANAGED},
+    {"device_ordinal", CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL},
+    {"legacy_ipc", CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE},
+    {"range_start", CU_POINTER_ATTRIBUTE_RANGE_START_ADDR},
+    {"range_size", CU_POINTER_ATTRIBUTE_RANGE_SIZE},
+    {"mapped", CU_POINTER_ATTRIBUTE_MAPPED},
+    {"handle_types", CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES},
+    {"rdma", CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE},
+    {"access_flags", CU_POINTER_ATTRIBUTE_ACCESS_FLAGS},
+    {"mempool", CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE},
+    {"mapping_size", CU_POINTER_ATTRIBUTE_MAPPING_SIZE},
+    {"mapping_base", CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR},
+    {"block_id", CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID},
+    {"hw_decompress", CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE},
+};
+
+/* A value as the table prints it: "p" for the block's own address, "ctx"
+ * for the current context, "pool" for the pool, "set" for an id (they
+ * differ between blocks by nature), else the number. */
+static void hp_value(char *out, size_t n, const char *attr, unsigned long long v, void *p,
+                     CUcontext ctx, CUmemoryPool pool)
+{
+    if (v && v == (unsigned long long)(uintptr_t)p)
+        snprintf(out, n, "p");
+    else if (v && v == (unsigned long long)(uintptr_t)ctx)
+        snprintf(out, n, "ctx");
+    else if (v && pool && v == (unsigned long long)(uintptr_t)pool)
+        snprintf(out, n, "pool");
+    else if (v && (strcmp(attr, "buffer_id") == 0 || strcmp(attr, "block_id") == 0))
+        snprintf(out, n, "set");
+    else
+        snprintf(out, n, "%llu", v);
+}
+
+/* Every query, copy and kernel access on the block p of HP_BYTES, tagged
+ * blk: RESULT hostpool_query lines (rc and value). dev is a device block
+ * of HP_BYTES for the copies; ref the words a touch wrote into a device
+ * block (what the same touch must leave in p). */
+static void hp_queries(const char *blk, void *p, CUcontext ctx, CUmemoryPool pool, CUstream s,
+                       CUdeviceptr dev, const unsigned *ref)
+{
+    char val[64];
+    for (size_t i = 0; i < sizeof hp_attrs / sizeof hp_attrs[0]; i++) {
+        unsigned long long v = 0;
+        CUresult rc = cuPointerGetAttribute(&v, hp_attrs[i].a, (CUdeviceptr)(uintptr_t)p);
+        hp_value(val, sizeof val, hp_attrs[i].name, v, p, ctx, pool);
+        printf("RESULT hostpool_query block=%s query=attr_%s rc=%s value=%s\n", blk,
+               hp_attrs[i].name, gc_rc(rc), rc == CUDA_SUCCESS ? val : "-");
+    }
+    /* The same attributes in one call, as the runtime's cudaPointerGetAttributes
+     * asks them. */
+    CUpointer_attribute plural[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                    CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                    CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    unsigned long long pv[6] = {0};
+    void *pd[6] = {&pv[0], &pv[1], &pv[2], &pv[3], &pv[4], &pv[5]};
+    CUresult rc = cuPointerGetAttributes(6, plural, pd, (CUdeviceptr)(uintptr_t)p);
+    printf("RESULT hostpool_query block=%s query=attributes rc=%s value=ctx:%s,type:%llu,"
+           "dev:%s,host:%s,managed:%llu,ordinal:%llu\n", blk, gc_rc(rc),
+           pv[0] == (unsigned long long)(uintptr_t)ctx ? "ctx" : (pv[0] ? "other" : "0"), pv[1],
+           pv[2] == (unsigned long long)(uintptr_t)p ? "p" : (pv[2] ? "other" : "0"),
+           pv[3] == (unsigned long long)(uintptr_t)p ? "p" : (pv[3] ? "other" : "0"), pv[4],
+           pv[5]);
+    unsigned flags = 0;
+    rc = cuMemHostGetFlags(&flags, p);
+    printf("RESULT hostpool_query block=%s query=host_get_flags rc=%s value=%#x\n", blk,
+           gc_rc(rc), rc == CUDA_SUCCESS ? flags : 0);
+    CUdeviceptr d = 0;
+    rc = cuMemHostGetDevicePointer(&d, p, 0);
+    printf("RESULT hostpool_query block=%s query=host_get_device_pointer rc=%s value=%s\n", blk,
+           gc_rc(rc), rc != CUDA_SUCCESS ? "-" : d == (CUdeviceptr)(uintptr_t)p ? "p" : "other");
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    rc = cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)p + 64);
+    printf("RESULT hostpool_query block=%s query=address_range rc=%s value=%s/%zu\n", blk,
+           gc_rc(rc), rc != CUDA_SUCCESS ? "-" : base == (CUdeviceptr)(uintptr_t)p ? "p" : "other",
+           size);
+    rc = cuMemHostRegister(p, 4096, 0);
+    printf("RESULT hostpool_query block=%s query=host_register rc=%s value=-\n", blk, gc_rc(rc));
+    if (rc == CUDA_SUCCESS)
+        cuMemHostUnregister(p);
+    CUipcMemHandle ipc;
+    rc = cuIpcGetMemHandle(&ipc, (CUdeviceptr)(uintptr_t)p);
+    printf("RESULT hostpool_query block=%s query=ipc_handle rc=%s value=-\n", blk, gc_rc(rc));
+
+    /* Copies both ways, synchronous and on a stream, and a memset through
+     * the device's view: each checked by the host. */
+    unsigned *w = p;
+    for (size_t i = 0; i < HP_BYTES / 4; i++)
+        w[i] = (unsigned)i * 2654435761u;
+    rc = cuMemcpyHtoD(dev, p, HP_BYTES);
+    memset(p, 0, HP_BYTES);
+    CUresult rc2 = rc == CUDA_SUCCESS ? cuMemcpyDtoH(p, dev, HP_BYTES) : rc;
+    bool same = true;
+    for (size_t i = 0; i < HP_BYTES / 4 && same; i++)
+        same = w[i] == (unsigned)i * 2654435761u;
+    printf("RESULT hostpool_query block=%s query=copy_sync rc=%s/%s value=%s\n", blk, gc_rc(rc),
+           gc_rc(rc2), same ? "intact" : "DIFFERS");
+    memset(p, 0, HP_BYTES);
+    rc = cuMemcpyDtoHAsync(p, dev, HP_BYTES, s);
+    rc2 = rc == CUDA_SUCCESS ? cuStreamSynchronize(s) : rc;
+    same = true;
+    for (size_t i = 0; i < HP_BYTES / 4 && same; i++)
+        same = w[i] == (unsigned)i * 2654435761u;
+    printf("RESULT hostpool_query block=%s query=copy_async rc=%s/%s value=%s\n", blk, gc_rc(rc),
+           gc_rc(rc2), same ? "intact" : "DIFFERS");
+    rc = cuMemsetD32((CUdeviceptr)(uintptr_t)p, 0x5a5a5a5a, HP_BYTES / 4);
+    rc2 = rc == CUDA_SUCCESS ? cuCtxSynchronize() : rc;
+    same = rc == CUDA_SUCCESS;
+    for (size_t i = 0; i < HP_BYTES / 4 && same; i++)
+        same = w[i] == 0x5a5a5a5au;
+    printf("RESULT hostpool_query block=%s query=memset_uva rc=%s/%s value=%s\n", blk, gc_rc(rc),
+           gc_rc(rc2), same ? "written" : "NOT-written");
+    /* A kernel's touch through the block's own address (unified
+     * addressing), as the device block got it. */
+    memset(p, 0, HP_BYTES);
+    rc = gc_touch(&kernels, s, (CUdeviceptr)(uintptr_t)p, 16);
+    rc2 = rc == CUDA_SUCCESS ? cuStreamSynchronize(s) : rc;
+    same = rc2 == CUDA_SUCCESS && memcmp(p, ref, 16 * sizeof *ref) == 0;
+    printf("RESULT hostpool_query block=%s query=kernel_touch rc=%s/%s value=%s\n", blk,
+           gc_rc(rc), gc_rc(rc2), same ? "written" : "NOT-written");
+}
+
+/* Frees a 4 KiB block of pool behind a 200 ms kernel that writes it on
+ * stream a, then allocates 4 KiB from pool on stream b (a itself when
+ * same): RESULT hostpool_reuse, whether the same block came back and
+ * whether the kernel was still running then. With settle, a's kernel is
+ * waited for before the allocation. */
+static void hp_reuse(const char *tag, CUmemoryPool pool, CUstream a, CUstream b, bool settle)
+{
+    CUdeviceptr x, y;
+    GC_CHECK(cuMemAllocFromPoolAsync(&x, 4096, pool, a));
+    CUevent done;
+    GC_CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+    GC_CHECK(gc_spin(&kernels, a, 200.0, x, 16));
+    GC_CHECK(cuEventRecord(done, a));
+    GC_CHECK(cuMemFreeAsync(x, a));
+    if (settle)
+        GC_CHECK(cuStreamSynchronize(a));
+    CUresult rc = cuMemAllocFromPoolAsync(&y, 4096, pool, b);
+    CUresult running = cuEventQuery(done);
+    printf("RESULT hostpool_reuse case=%s rc=%s same_block=%d kernel_running=%d\n", tag,
+           gc_rc(rc), rc == CUDA_SUCCESS && y == x, running == CUDA_ERROR_NOT_READY);
+    GC_CHECK(cuCtxSynchronize());
+    if (rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemFreeAsync(y, b));
+    GC_CHECK(cuCtxSynchronize());
+    GC_CHECK(cuEventDestroy(done));
+}
+
+static int fact_hostpool(void)
+{
+    CUcontext ctx = gc_init();
+    load_kernels();
+    CUstream s, t;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr dev;
+    GC_CHECK(cuMemAlloc(&dev, HP_BYTES));
+    GC_CHECK(cuMemsetD32(dev, 0, HP_BYTES / 4));
+    GC_CHECK(gc_touch(&kernels, s, dev, 16));
+    unsigned ref[16];
+    GC_CHECK(cuMemcpyDtoH(ref, dev, sizeof ref));
+
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {CU_MEM_LOCATION_TYPE_HOST, 0}};
+    CUmemoryPool pool;
+    CUresult rc = cuMemPoolCreate(&pool, &props);
+    printf("RESULT hostpool_create rc=%s\n", gc_rc(rc));
+    if (rc != CUDA_SUCCESS)
+        return 1;
+    static const struct {
+        const char *name;
+        CUmemPool_attribute a;
+    } pattrs[] = {
+        {"follow_event_dependencies", CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES},
+        {"allow_opportunistic", CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC},
+        {"allow_internal_dependencies", CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        int v = -1;
+        rc = cuMemPoolGetAttribute(pool, pattrs[i].a, &v);
+        printf("RESULT hostpool_attr name=%s rc=%s default=%d\n", pattrs[i].name, gc_rc(rc), v);
+    }
+    CUmemAccessDesc access = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    rc = cuMemPoolSetAccess(pool, &access, 1);
+    printf("RESULT hostpool_set_access rc=%s\n", gc_rc(rc));
+
+    void *h;
+    GC_CHECK(cuMemAllocHost(&h, HP_BYTES));
+    hp_queries("alloc_host", h, ctx, pool, s, dev, ref);
+    void *m;
+    GC_CHECK(cuMemHostAlloc(&m, HP_BYTES, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    hp_queries("host_alloc_mapped_portable", m, ctx, pool, s, dev, ref);
+    CUdeviceptr q;
+    GC_CHECK(cuMemAllocFromPoolAsync(&q, HP_BYTES, pool, s));
+    GC_CHECK(cuStreamSynchronize(s));
+    hp_queries("host_pool", (void *)(uintptr_t)q, ctx, pool, s, dev, ref);
+    GC_CHECK(cuMemFreeHost(h));
+    GC_CHECK(cuMemFreeHost(m));
+    /* What the driver's own release answers for a pool block (the block is
+     * given back stream-ordered afterwards when it refuses). */
+    rc = cuMemFreeHost((void *)(uintptr_t)q);
+    printf("RESULT hostpool_free_host rc=%s\n", gc_rc(rc));
+    if (rc != CUDA_SUCCESS)
+        GC_CHECK(cuMemFreeAsync(q, s));
+    GC_CHECK(cuCtxSynchronize());
+
+    /* Reuse while the kernel before the free still writes the block. */
+    hp_reuse("defaults_same_stream", pool, s, s, false);
+    hp_reuse("defaults_other_stream", pool, s, t, false);
+    for (size_t i = 0; i < 3; i++) {
+        int off = 0;
+        GC_CHECK(cuMemPoolSetAttribute(pool, pattrs[i].a, &off));
+    }
+    hp_reuse("reuse_off_same_stream", pool, s, s, false);
+    hp_reuse("reuse_off_other_stream", pool, s, t, false);
+    hp_reuse("reuse_off_other_stream_after_sync", pool, s, t, true);
+    GC_CHECK(cuMemPoolDestroy(pool));
+    GC_CHECK(cuMemFree(dev));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1000,7 +1247,7 @@ int main(int argc, char **argv)
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
         {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
-        {"sizes", fact_sizes},
+        {"sizes", fact_sizes},     {"hostpool", fact_hostpool},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
