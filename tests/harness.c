@@ -99,6 +99,8 @@ void hx_parse(int argc, char **argv, const char *name, const char *env_prefix,
         hx.timeout_s = (unsigned)(hx.ops / ops_per_s_floor);
     if ((v = env_of("TIMEOUT")))
         hx.timeout_s = (unsigned)parse_count(v, "timeout", false);
+    if ((v = env_of("STALL_S")))
+        hx.stall_s = (unsigned)parse_count(v, "stall limit", true);
     hx.keep_going = (v = env_of("KEEP_GOING")) && strcmp(v, "0") != 0;
 }
 
@@ -345,6 +347,29 @@ static bool watch_done;
 static const char *watch_phase = "starting";
 static pthread_t watch_thread;
 
+/* The thread whose call has been under way for longer than hx.stall_s,
+ * or NULL; *secs: how long. */
+static struct hx_thread *stalled(double *secs)
+{
+    uint64_t now = hx_now_ns(), limit = (uint64_t)hx.stall_s * 1000000000ull;
+    for (int i = 0; i < hx.threads && i < HX_MAX_THREADS; i++) {
+        struct hx_thread *t = hx_threads[i];
+        if (!t || !atomic_load(&t->in_call))
+            continue;
+        uint64_t start = atomic_load(&t->call_start_ns);
+        if (start && now > start && now - start > limit && atomic_load(&t->in_call)) {
+            *secs = (double)(now - start) / 1e9;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Ends the run with 'hang' past hx.timeout_s, and with 'stall' when one
+ * call has been under way for longer than hx.stall_s (looked at four times
+ * a second): a wait that ends only when a limit of cudefer's own runs out
+ * (seconds of retries, a minute for another thread's flush) hides behind
+ * the run's total time otherwise. */
 static void *watchdog_main(void *arg)
 {
     (void)arg;
@@ -353,8 +378,31 @@ static void *watchdog_main(void *arg)
     deadline.tv_sec += hx.timeout_s;
     pthread_mutex_lock(&watch_lock);
     while (!watch_done) {
-        if (pthread_cond_timedwait(&watch_cv, &watch_lock, &deadline) == ETIMEDOUT &&
-            !watch_done) {
+        struct timespec until = deadline;
+        if (hx.stall_s) {
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 250000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            if (until.tv_sec > deadline.tv_sec ||
+                (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
+                until = deadline;
+        }
+        int rc = pthread_cond_timedwait(&watch_cv, &watch_lock, &until);
+        if (watch_done)
+            break;
+        double secs = 0;
+        struct hx_thread *t = hx.stall_s ? stalled(&secs) : NULL;
+        if (t) {
+            pthread_mutex_unlock(&watch_lock);
+            hx.keep_going = false;
+            hx_fail(t, "stall",
+                    "one call has been under way for %.1f s (limit %u s, %s_STALL_S): a wait "
+                    "far beyond the run's kernels, ended only by a limit", secs, hx.stall_s,
+                    hx.env_prefix);
+        }
+        if (rc == ETIMEDOUT && until.tv_sec == deadline.tv_sec &&
+            until.tv_nsec == deadline.tv_nsec) {
             const char *phase = watch_phase;
             pthread_mutex_unlock(&watch_lock);
             hx.keep_going = false;

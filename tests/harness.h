@@ -39,6 +39,7 @@ struct hx_run {
     int threads;
     uint64_t seed;
     unsigned timeout_s;       /* the watchdog's limit */
+    unsigned stall_s;         /* a call under way longer fails the run ('stall'); 0: none */
     bool keep_going;          /* report every failure, not only the first */
 };
 
@@ -46,8 +47,10 @@ extern struct hx_run hx;
 
 /* Reads OPS [THREADS [SEED]] from argv, else PREFIX_OPS, PREFIX_THREADS,
  * PREFIX_SEED from the environment, else the defaults; PREFIX_TIMEOUT
- * (seconds; default: the larger of 120 and ops / ops_per_s_floor) and
- * PREFIX_KEEP_GOING. Exits with status 2 on a malformed value. */
+ * (seconds; default: the larger of 120 and ops / ops_per_s_floor),
+ * PREFIX_STALL_S (seconds, 0 for none; default: hx.stall_s as the harness
+ * set it before the call) and PREFIX_KEEP_GOING. Exits with status 2 on a
+ * malformed value. */
 void hx_parse(int argc, char **argv, const char *name, const char *env_prefix,
               unsigned long long default_ops, int default_threads,
               unsigned long long ops_per_s_floor);

@@ -11,7 +11,8 @@
  *            it (the interleaving differs from run to run)
  * environment: PROP_EPOCH_MS (default 50; see below), PROP_CAPACITY (device
  * and pinned-host capacity, default 64M), PROP_KEEP_GOING=1 (report every
- * failure), PROP_TIMEOUT (seconds), PROP_WRAPPED (the list of wrapped names;
+ * failure), PROP_TIMEOUT (seconds), PROP_STALL_S (seconds, default 10, 0:
+ * none: one call under way for longer fails the run, 'stall'), PROP_WRAPPED (the list of wrapped names;
  * default: the shim's one list, shim/doors/wrapped.h), PROP_DRIVER_ALONE=1 (run without the shim,
  * to see the driver's own waits: every release then fails the property),
  * PROP_ONE_CONTEXT=1 (the primary context of device 0 alone, no spans and
@@ -1868,6 +1869,8 @@ static unsigned long run_epochs(void)
 
 int main(int argc, char **argv)
 {
+    /* Its kernels wait for the host a few epochs at most. */
+    hx.stall_s = 10;
     hx_parse(argc, argv, "property", "PROP", DEFAULT_OPS, DEFAULT_THREADS, 100);
     const char *env;
     if ((env = getenv("PROP_EPOCH_MS")) && atoi(env) > 0)

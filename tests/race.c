@@ -14,6 +14,10 @@
  * small, so that allocations run out of memory now and then),
  * RACE_KEEP_GOING=1 (report every failure, not only the first),
  * RACE_TIMEOUT (seconds; default one per 500 operations, at least 120),
+ * RACE_STALL_S (seconds, default 5; 0: no limit): one call under way for
+ * longer fails the run with 'stall' (its kernels last 40 ms at most; an
+ * allocation that waited 10-50 s for a record a live capture kept from
+ * being made passed every other check),
  * RACE_SKIP (a comma-separated list of what to leave out, to narrow a
  * failure down: green, own, role, reset, capture, flush, register; without
  * captures, kernels of one shared context also write memory of the other:
@@ -135,6 +139,8 @@
 #define EVENTS 6        /* events of a registration: its writers' streams */
 #define DEFAULT_OPS 20000
 #define DEFAULT_THREADS 16
+/* One call under way for longer fails the run (RACE_STALL_S). */
+#define DEFAULT_STALL_S 5
 
 /* ---- driver entry points reached by name ---------------------------------- */
 
@@ -1527,6 +1533,7 @@ static bool settled(const size_t *base)
 
 int main(int argc, char **argv)
 {
+    hx.stall_s = DEFAULT_STALL_S;
     hx_parse(argc, argv, "race", "RACE", DEFAULT_OPS, DEFAULT_THREADS, 500);
     hx_released_destroy_with(destroy_event);
     const char *env = getenv("RACE_CAPACITY");

@@ -3,6 +3,7 @@
  *
  *   test_reuse [OPS [THREADS [SEED]]]     (or REUSE_OPS, REUSE_THREADS,
  *                                           REUSE_SEED; REUSE_TIMEOUT,
+ *                                           REUSE_STALL_S, default 10,
  *                                           REUSE_KEEP_GOING as in harness.h)
  *
  * Threads allocate device, pinned and managed blocks of two sizes in two
@@ -305,6 +306,7 @@ static bool settled(const size_t *base)
 
 int main(int argc, char **argv)
 {
+    hx.stall_s = 10;
     hx_parse(argc, argv, "reuse", "REUSE", DEFAULT_OPS, DEFAULT_THREADS, 500);
     const char *env = getenv("REUSE_DRIVER_ALONE");
     driver_alone = env && strcmp(env, "0") != 0;

@@ -1391,6 +1391,105 @@ Test(scenarios, unregister_beside_a_release_waiting_for_a_flush_returns, .timeou
     cr_expect_eq(testdrv_dead_context_calls(), 0);
 }
 
+/* The same recipe, then a capture: pinned blocks released in another
+ * context while the primary context's release waits for a flush get
+ * fences whose records in the primary context are marked. A thread then
+ * begins a capture in the primary context before that release ends: the
+ * records cannot be made while the capture is live, and the same thread,
+ * still capturing, allocates the memory those blocks hold. With the
+ * driver alone it would get it (its release was made and waited for its
+ * own context's work only); cudefer gives them back after their own
+ * context's work, as the driver would have. Before, every round of the
+ * allocation's reclaim was "held back" for 10 s and it then answered out
+ * of memory while cudefer held the blocks (tests/race.c, 'stall'). */
+struct captured_mark {
+    struct marked m;
+    atomic_int capturing, allocate, allocated;
+    CUresult begin_rc, alloc_rc, end_rc;
+    uint64_t alloc_ns;
+};
+
+static void *capture_then_allocate(void *arg)
+{
+    struct captured_mark *cm = arg;
+    CU_OK(cuCtxSetCurrent(cm->m.primary));
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    cm->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
+    atomic_store(&cm->capturing, 1);
+    while (!atomic_load(&cm->allocate))
+        sleep_ms(1);
+    void *h = NULL;
+    uint64_t t0 = now_ns();
+    cm->alloc_rc = cuMemAllocHost(&h, 64 * 4096);
+    cm->alloc_ns = now_ns() - t0;
+    atomic_store(&cm->allocated, 1);
+    CUgraph g = NULL;
+    cm->end_rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    if (h)
+        CU_OK(cuMemFreeHost(h));
+    CU_OK(cuStreamDestroy(s));
+    return NULL;
+}
+
+Test(scenarios, out_of_memory_beside_a_capture_that_holds_back_a_record, .timeout = 60)
+{
+    struct captured_mark cm = {0};
+    struct marked *m = &cm.m;
+    m->primary = test_context();
+    CUcontext again;
+    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
+    m->long_stream = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxCreate(&m->other, NULL, 0, device0()));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    pthread_t f, r, c;
+    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, m), 0);
+    while (!atomic_load(&m->flushing))
+        sleep_ms(1);
+    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost (400 ms) */
+    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, m), 0);
+    while (!atomic_load(&m->releasing))
+        sleep_ms(1);
+    sleep_ms(50); /* the release waits for the flush's walk */
+    /* 64 pinned blocks released in the other context: their fences mark
+     * records of the primary context. */
+    CU_OK(cuCtxSetCurrent(m->other));
+    void *blocks[64];
+    for (int i = 0; i < 64; i++)
+        CU_OK(cuMemAllocHost(&blocks[i], 4096));
+    for (int i = 0; i < 64; i++)
+        CU_OK(cuMemFreeHost(blocks[i]));
+    cr_assert_eq(pthread_create(&c, NULL, capture_then_allocate, &cm), 0);
+    while (!atomic_load(&cm.capturing))
+        sleep_ms(1);
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    sleep_ms(20); /* the waiter has found the capture in the way of the records */
+    /* Only what the released blocks hold is left for the allocation. */
+    testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST));
+    atomic_store(&cm.allocate, 1);
+    for (int i = 0; i < 30000 && !atomic_load(&cm.allocated); i++)
+        sleep_ms(1);
+    pthread_join(c, NULL);
+    cr_expect_eq(cm.begin_rc, CUDA_SUCCESS);
+    cr_expect_eq(cm.alloc_rc, CUDA_SUCCESS,
+                 "the allocation beside the capture answered %d after %llu ms, while cudefer "
+                 "held %zu released pinned blocks", (int)cm.alloc_rc,
+                 (unsigned long long)(cm.alloc_ns / MS), program_live(TESTDRV_HOST));
+    cr_expect_lt(cm.alloc_ns, 2000 * MS, "the allocation took %llu ms: its reclaim waited "
+                 "for records that the capture of its own thread kept from being made",
+                 (unsigned long long)(cm.alloc_ns / MS));
+    cr_expect_eq(cm.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)cm.end_rc);
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxDestroy(m->other));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* ==== 10.5 A primary release cudefer could not count ======================= */
 
 static int primary_active(CUdevice dev)

@@ -114,11 +114,14 @@ static void print_text(void)
     for (int r = 0; r < CD_FLUSH_REASON_COUNT; r++)
         cd_log_raw("cudefer:   flushes (%s): %llu\n", reason_names[r],
                    (unsigned long long)cd_stats.flushes[r]);
-    cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting; "
+    cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting "
+               "(%llu flushes of which released entries after their own context's work only: "
+               "captures kept other contexts' records from being made); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
                "thread released); looks at released blocks the fences' words answered: %llu; "
                "unregisters that waited: %llu (%.3f ms)\n",
                (unsigned long long)cd_stats.reclaims, (unsigned long long)cd_stats.reclaims_waited,
+               (unsigned long long)cd_stats.far_skipped,
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.debt_waits,
                (unsigned long long)cd_stats.word_answers,
@@ -235,6 +238,7 @@ static void write_json(const char *path)
         fprintf(f, "%s\"%s\": %llu", r ? ", " : "", reason_names[r],
                 (unsigned long long)cd_stats.flushes[r]);
     fprintf(f, "},\n  \"retries\": %llu,\n  \"retries_after_waiting\": %llu,\n"
+            "  \"oom_flushes_without_other_contexts\": %llu,\n"
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
             "  \"reuse_word_answers\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
@@ -242,6 +246,7 @@ static void write_json(const char *path)
             "  \"peak_program_device_bytes\": %lld\n}\n",
             (unsigned long long)(cd_stats.reclaims + cd_stats.reclaims_waited),
             (unsigned long long)cd_stats.reclaims_waited,
+            (unsigned long long)cd_stats.far_skipped,
             (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
             (unsigned long long)cd_stats.debt_waits,
             (unsigned long long)cd_stats.word_answers,

@@ -49,6 +49,10 @@ struct cd_stats {
     _Atomic uint64_t flushes[CD_FLUSH_REASON_COUNT];
     _Atomic uint64_t reclaims;                 /* allocations retried, no waiting */
     _Atomic uint64_t reclaims_waited;          /* retried after waiting for the GPU */
+    _Atomic uint64_t far_skipped;              /* out-of-memory flushes that released
+                                                  entries after their own context's work
+                                                  only: captures kept other contexts'
+                                                  records from being made (reclaim.c) */
     _Atomic int64_t deferred_bytes;            /* now, all contexts */
     _Atomic int64_t peak_deferred_bytes;
     _Atomic int64_t cached_device_bytes;       /* now, all contexts */

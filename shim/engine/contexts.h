@@ -138,12 +138,15 @@ struct cd_ctx {
      * number of the first fence it stands for (a record made again for
      * later fences keeps it); a marked one is still to be made (the slot
      * kept walks out at its fence); far_done: every fence up to that number
-     * has passed here (UINT64_MAX while the slot serves no context).
+     * has passed here (UINT64_MAX while the slot serves no context);
+     * far_captured: when the waiter last came to make a marked record, a
+     * capture live here kept it from being made (fence.h).
      * far_lock is held for a few calls that do not wait. */
     pthread_mutex_t far_lock;
     struct cd_far { uint64_t first; CUevent event; bool marked; } far[CD_FAR_RING];
     unsigned far_head, far_n;
     _Atomic uint64_t far_done;
+    _Atomic bool far_captured;
 };
 
 /* Device frees behind one marker event recorded on the private stream after

@@ -258,6 +258,8 @@ struct far_fencing {
  * stands for tag; a full ring marks its newest. Makes no driver call. */
 static void far_mark(struct cd_ctx *o, uint64_t tag)
 {
+    /* Not known to be held by a capture until the waiter has looked. */
+    atomic_store(&o->far_captured, false);
     pthread_mutex_lock(&o->far_lock);
     struct cd_far *e = far_newest(o);
     if (!e || !e->marked) {
@@ -300,7 +302,8 @@ static uint64_t far_fence(struct cd_ctx *c, const struct cd_driver_ops *ops)
 
 struct far_ask {
     uint64_t far;
-    bool ending; /* a slot that could not be asked, or a marked record, held it back */
+    bool ending;   /* a slot that could not be asked, or a marked record, held it back */
+    bool uncaught; /* one of them was not a record a capture kept from being made */
 };
 
 static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
@@ -313,13 +316,14 @@ static bool far_reached(struct cd_ctx *o, bool entered, void *arg)
     if (!entered) {
         if (far_idle(o))
             return true;
-        a->ending = true;
+        a->ending = a->uncaught = true;
         return false;
     }
     bool marked = far_refresh(o, cd_driver_ops());
     if (atomic_load(&o->far_done) >= a->far)
         return true;
     a->ending |= marked;
+    a->uncaught |= !marked || !atomic_load(&o->far_captured);
     return false;
 }
 
@@ -330,7 +334,7 @@ static bool far_passed(struct cd_ctx *c, struct far_ask *a)
 
 bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far)
 {
-    struct far_ask a = {far, false};
+    struct far_ask a = {far, false, false};
     return far_passed(c, &a);
 }
 
@@ -366,19 +370,19 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c)
 /* How long only ending contexts may hold a wait that gives up back. */
 #define FAR_GIVE_UP_NS 5000000
 
-bool cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up)
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up)
 {
     uint64_t held_since = 0;
     for (unsigned i = 0;; i++) {
-        struct far_ask a = {far, false};
+        struct far_ask a = {far, false, false};
         if (far_passed(c, &a))
-            return true;
+            return CD_FAR_PASSED;
         if (give_up && a.ending) {
             uint64_t now = cd_now_ns();
             if (!held_since)
                 held_since = now;
             else if (now - held_since > FAR_GIVE_UP_NS)
-                return false;
+                return a.uncaught ? CD_FAR_HELD : CD_FAR_CAPTURED;
         } else {
             held_since = 0;
         }
@@ -407,6 +411,7 @@ void cd_fence_trim(struct cd_ctx *c)
 
 bool cd_fence_fill(struct cd_ctx *c)
 {
+    atomic_store(&c->far_captured, false);
     if (atomic_load(&far_marks) == 0)
         return false;
     pthread_mutex_lock(&c->far_lock);
@@ -415,6 +420,11 @@ bool cd_fence_fill(struct cd_ctx *c)
         far_make(c, e, cd_driver_ops());
     pthread_mutex_unlock(&c->far_lock);
     return atomic_load(&far_marks) != 0;
+}
+
+void cd_fence_fill_held(struct cd_ctx *c)
+{
+    atomic_store(&c->far_captured, true);
 }
 
 bool cd_fence_marked(void)
@@ -437,6 +447,7 @@ void cd_fence_forget(struct cd_ctx *c, bool alive)
     }
     c->far_head = c->far_n = 0;
     atomic_store(&c->far_done, UINT64_MAX);
+    atomic_store(&c->far_captured, false);
     pthread_mutex_unlock(&c->far_lock);
 }
 

@@ -104,15 +104,25 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far);
 /* The number up to which every fence made in c has passed in the other
  * contexts (UINT64_MAX with none), now. Does not wait. */
 uint64_t cd_fence_far_floor(struct cd_ctx *c);
+/* What cd_fence_far_wait found. */
+enum cd_far_wait {
+    CD_FAR_PASSED,   /* the other contexts' part has passed */
+    CD_FAR_HELD,     /* held back by ending contexts or records to be made */
+    CD_FAR_CAPTURED, /* held back only by records that captures kept from being made */
+};
+
 /* WAITS until the other contexts' part of a fence made in c has passed
  * (polls: no lock is held while it waits, and other threads' fences go on).
  * A context that is ending (its slot closing, or a primary release under
  * way) cannot be asked, and may itself wait for the caller's use of c to
- * end; a marked record is made only when no capture is live, and the
- * thread that captures may be one that waits for that use too: with
- * give_up, once only such contexts or records have held the wait back for
- * 5 ms, it returns false. In the relaxed capture mode, or inside the gate. */
-bool cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up);
+ * end; a marked record is made only when no capture is live in its
+ * context, and the thread that captures may be one that waits for that
+ * use, or for the caller, too: with give_up, once only such contexts or
+ * records have held the wait back for 5 ms, it returns CD_FAR_HELD, or
+ * CD_FAR_CAPTURED when at the last look only marked records held it back,
+ * each in a context where the waiter found a capture live (cd_fence_fill_held).
+ * In the relaxed capture mode, or inside the gate. */
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up);
 /* Destroys the events of c's ring that no record uses (up to CD_FAR_RING
  * stay made between flushes: cudefer_flush leaves none). c entered. Does
  * not wait. */
@@ -122,6 +132,10 @@ void cd_fence_trim(struct cd_ctx *c);
  * waiter calls it for every context it visits, and looks again soon while
  * this says so). Does not wait. */
 bool cd_fence_fill(struct cd_ctx *c);
+/* The waiter could not make c's marked records: a capture is live in c.
+ * Until cd_fence_fill runs for c again, a far wait held back by them may
+ * return CD_FAR_CAPTURED. Does not wait. */
+void cd_fence_fill_held(struct cd_ctx *c);
 /* Whether any context has a marked record. */
 bool cd_fence_marked(void);
 /* c's slot is torn down: no fence waits for its context any more (its

@@ -324,7 +324,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
         atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
         cd_range_push("cudefer: unregister waits for the work before it");
         ops->event_synchronize(r->done);
-        cd_fence_far_wait(c, r->far, false);
+        (void)cd_fence_far_wait(c, r->far, false);
         cd_range_pop();
         atomic_fetch_add(&cd_stats.unregister_waits, 1);
         atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);

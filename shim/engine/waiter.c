@@ -356,8 +356,10 @@ static bool capture_in(CUcontext ctx, void *arg)
  * those records, so a capture elsewhere must not hold them back. */
 static bool fill_marked(struct cd_ctx *c)
 {
-    if (!cd_gate_enter_beside(capture_in, c))
+    if (!cd_gate_enter_beside(capture_in, c)) {
+        cd_fence_fill_held(c);
         return true;
+    }
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     bool again = cd_fence_fill(c);
