@@ -1490,6 +1490,81 @@ Test(scenarios, out_of_memory_beside_a_capture_that_holds_back_a_record, .timeou
     cr_expect_eq(testdrv_faults(), 0);
 }
 
+/* An unregister in another context while the primary context's release
+ * waits for a flush: its fence marks a record of the primary context. A
+ * thread then begins a capture there and waits, still capturing, for the
+ * unregister to return (the program's own order). The record cannot be
+ * made while the capture is live: the unregister must not wait for it
+ * (it waited for the capture to end: forever, in this program). It makes
+ * the driver's own unregister instead, which waits for its own context's
+ * work only, as without cudefer. */
+struct captured_unregister {
+    struct marked m;
+    atomic_int capturing;
+    CUresult begin_rc, end_rc;
+    uint64_t waited_ns;
+};
+
+static void *capture_until_unregistered(void *arg)
+{
+    struct captured_unregister *cu = arg;
+    CU_OK(cuCtxSetCurrent(cu->m.primary));
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    cu->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
+    atomic_store(&cu->capturing, 1);
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 5000 && !atomic_load(&cu->m.unregistered); i++)
+        sleep_ms(1);
+    cu->waited_ns = now_ns() - t0;
+    CUgraph g = NULL;
+    cu->end_rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    CU_OK(cuStreamDestroy(s));
+    return NULL;
+}
+
+Test(scenarios, unregister_beside_a_capture_that_holds_back_a_record, .timeout = 60)
+{
+    struct captured_unregister cu = {0};
+    struct marked *m = &cu.m;
+    m->primary = test_context();
+    CUcontext again;
+    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
+    m->long_stream = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxCreate(&m->other, NULL, 0, device0()));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    pthread_t f, r, u, c;
+    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, m), 0);
+    while (!atomic_load(&m->flushing))
+        sleep_ms(1);
+    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost (400 ms) */
+    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, m), 0);
+    while (!atomic_load(&m->releasing))
+        sleep_ms(1);
+    sleep_ms(50); /* the release waits for the flush's walk */
+    cr_assert_eq(pthread_create(&u, NULL, unregister_elsewhere, m), 0);
+    sleep_ms(50); /* its fence is made, its record in the primary context marked */
+    cr_assert_eq(pthread_create(&c, NULL, capture_until_unregistered, &cu), 0);
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    pthread_join(u, NULL);
+    pthread_join(c, NULL);
+    cr_expect_eq(m->unregister_rc, CUDA_SUCCESS);
+    cr_expect_lt(m->unregister_ns, 2000 * MS, "the unregister took %llu ms: it waited for a "
+                 "record that the capture kept from being made, while the capturing thread "
+                 "waited for it", (unsigned long long)(m->unregister_ns / MS));
+    cr_expect_eq(cu.begin_rc, CUDA_SUCCESS);
+    cr_expect_eq(cu.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)cu.end_rc);
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxDestroy(m->other));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* ==== 10.5 A primary release cudefer could not count ======================= */
 
 static int primary_active(CUdevice dev)

@@ -293,7 +293,9 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
  * so it WAITS until the work submitted before it has finished (not for work
  * submitted after it, and holding nothing another thread needs: other
  * threads' launches go on). The driver's own unregister, which would wait
- * for everything and stall every launch, is deferred. */
+ * for everything and stall every launch, is deferred; it is made at once
+ * when a live capture keeps another context's record of the fence from
+ * being made (5 ms after the rest of the fence passed). */
 static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
@@ -320,16 +322,29 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
     struct cd_scope relaxed;
     cd_scope_enter(&relaxed, NULL, true);
     uint64_t t0 = cd_now_ns();
+    enum cd_far_wait far = CD_FAR_PASSED;
     if (cd_fence_query(c, r->done, r->far) == CUDA_ERROR_NOT_READY) {
         atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
         cd_range_push("cudefer: unregister waits for the work before it");
         ops->event_synchronize(r->done);
-        (void)cd_fence_far_wait(c, r->far, false);
+        /* Ending contexts end: their records are waited for. */
+        while ((far = cd_fence_far_wait(c, r->far, true)) == CD_FAR_HELD)
+            ;
         cd_range_pop();
         atomic_fetch_add(&cd_stats.unregister_waits, 1);
         atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);
     }
     cd_scope_leave(&relaxed);
+    if (far == CD_FAR_CAPTURED) {
+        /* A record of another context that a live capture keeps from being
+         * made: the thread that captures may be waiting for this one. The
+         * driver's own unregister, which waits for this context's work and
+         * unmaps the pages, so that another context's kernel faults on them
+         * rather than writing pages the program has back, as without
+         * cudefer. */
+        cd_retire_drop_event(c, r);
+        return pass_through(r, "a capture keeps another context's record from being made");
+    }
     atomic_fetch_add(&cd_stats.deferred[CD_REGISTERED], 1);
     cd_books_defer(c, r);
     *rc = CUDA_SUCCESS;
