@@ -54,7 +54,10 @@
  * knows (created or retained through it, or one it allocated or made a
  * stream in); before a context is torn down, the other contexts whose
  * kernels used its memory are synchronised (the driver would free it under
- * them, with or without cudefer); before driver 12.5
+ * them, with or without cudefer); while a capture is live, no memory that
+ * a kernel of another context used is released (such a release is not
+ * fenced, and a flush point during the capture makes the driver's own
+ * release, which waits for its own context only); before driver 12.5
  * (TESTDRIVER_VERSION=12040) such kernels run on streams the program
  * created and no kernel that touches memory runs on a per-thread default
  * stream (the fallback fence does not cover those).
@@ -1393,6 +1396,19 @@ static CUresult model_release(enum rcall call, uintptr_t key, CUresult *also)
     }
 }
 
+/* Whether the program has a capture live (GLOBAL ones begin and end
+ * within one operation). */
+static bool capture_live(void)
+{
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].alive && streams[i].capturing)
+            return true;
+    for (int i = 0; i < MAX_CTX; i++)
+        if (ctxs[i].alive && ctxs[i].pt_capturing)
+            return true;
+    return false;
+}
+
 static void op_release(struct input *in)
 {
     unsigned t = u8(in), v = u8(in), c = u8(in);
@@ -1416,6 +1432,20 @@ static void op_release(struct input *in)
     if (key - (uintptr_t)reg_arena < REG_PAGES * PAGE)
         touched_dead = true;
     struct mobj *before = any_at(key), *live = live_at(key);
+    /* README, limits: a release made while a capture is live is not fenced,
+     * and a flush point during the capture releases it with the driver's
+     * own call, which waits for its own context's work only, as without
+     * cudefer. So the program makes no such release of memory that a
+     * kernel of another context has used (found at 300 s: a kernel of
+     * another context, queued behind a kernel that waits for the host,
+     * wrote a pinned block after a cudefer_flush during the capture). */
+    if (live && live->ctx >= 0 && capture_live())
+        for (int i = 0; i < MAX_CTX; i++)
+            if (i != live->ctx && ctxs[i].alive && (ctxs[i].used_memory_of & 1u << live->ctx)) {
+                TRACE("  skipped: a capture is live, and kernels of context %d used memory of "
+                      "context %d", i, live->ctx);
+                return;
+            }
     enum ostate state = before ? before->state : LIVE;
     CUresult also;
     CUresult want = model_release(call, key, &also);
