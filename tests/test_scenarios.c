@@ -1343,25 +1343,45 @@ static void *unregister_elsewhere(void *arg)
     return NULL;
 }
 
+/* The recipe above up to the release: m's contexts made, then f flushes
+ * through the driver's cuMemFreeHost behind a 400 ms kernel and r releases
+ * the primary context (not for the last time), waiting for that flush's
+ * walk: for about 300 ms, fences made in m->other mark their records in
+ * the primary context. The caller joins f and r. */
+static void primary_release_waits_for_a_flush(struct marked *m, pthread_t *f, pthread_t *r)
+{
+    m->primary = test_context();
+    CUcontext again;
+    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
+    m->long_stream = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuCtxCreate(&m->other, NULL, 0, device0()));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    sleep_ms(50); /* the waiter has nothing to do: asleep */
+    cr_assert_eq(pthread_create(f, NULL, flush_through_a_long_free, m), 0);
+    while (!atomic_load(&m->flushing))
+        sleep_ms(1);
+    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost */
+    cr_assert_eq(pthread_create(r, NULL, release_the_primary, m), 0);
+    while (!atomic_load(&m->releasing))
+        sleep_ms(1);
+    sleep_ms(50); /* the release waits for the flush's walk */
+}
+
+/* Ends the capture of s and destroys s; the capture's result in *rc. */
+static void end_capture_and_destroy(CUstream s, CUresult *rc)
+{
+    CUgraph g = NULL;
+    *rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    CU_OK(cuStreamDestroy(s));
+}
+
 Test(scenarios, unregister_beside_a_release_waiting_for_a_flush_returns, .timeout = 30)
 {
     struct marked m = {0};
-    m.primary = test_context();
-    CUcontext again;
-    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
-    m.long_stream = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(cuCtxCreate(&m.other, NULL, 0, device0()));
-    CU_OK(cuCtxSetCurrent(m.primary));
-    sleep_ms(50); /* the waiter has nothing to do: asleep */
     pthread_t f, r, u;
-    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, &m), 0);
-    while (!atomic_load(&m.flushing))
-        sleep_ms(1);
-    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost */
-    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, &m), 0);
-    while (!atomic_load(&m.releasing))
-        sleep_ms(1);
-    sleep_ms(50); /* the release waits for the flush's walk */
+    primary_release_waits_for_a_flush(&m, &f, &r);
     cr_assert_eq(pthread_create(&u, NULL, unregister_elsewhere, &m), 0);
     /* The kernel ends 400 ms after its launch; the flush, the release and
      * then the unregister follow within milliseconds. */
@@ -1424,13 +1444,9 @@ static void *capture_then_allocate(void *arg)
     cm->alloc_rc = cuMemAllocHost(&h, 64 * 4096);
     cm->alloc_ns = now_ns() - t0;
     atomic_store(&cm->allocated, 1);
-    CUgraph g = NULL;
-    cm->end_rc = cuStreamEndCapture(s, &g);
-    if (g)
-        cuGraphDestroy(g);
+    end_capture_and_destroy(s, &cm->end_rc);
     if (h)
         CU_OK(cuMemFreeHost(h));
-    CU_OK(cuStreamDestroy(s));
     return NULL;
 }
 
@@ -1438,21 +1454,8 @@ Test(scenarios, out_of_memory_beside_a_capture_that_holds_back_a_record, .timeou
 {
     struct captured_mark cm = {0};
     struct marked *m = &cm.m;
-    m->primary = test_context();
-    CUcontext again;
-    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
-    m->long_stream = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(cuCtxCreate(&m->other, NULL, 0, device0()));
-    CU_OK(cuCtxSetCurrent(m->primary));
     pthread_t f, r, c;
-    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, m), 0);
-    while (!atomic_load(&m->flushing))
-        sleep_ms(1);
-    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost (400 ms) */
-    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, m), 0);
-    while (!atomic_load(&m->releasing))
-        sleep_ms(1);
-    sleep_ms(50); /* the release waits for the flush's walk */
+    primary_release_waits_for_a_flush(m, &f, &r);
     /* 64 pinned blocks released in the other context: their fences mark
      * records of the primary context. */
     CU_OK(cuCtxSetCurrent(m->other));
@@ -1517,11 +1520,7 @@ static void *capture_until_unregistered(void *arg)
     for (int i = 0; i < 5000 && !atomic_load(&cu->m.unregistered); i++)
         sleep_ms(1);
     cu->waited_ns = now_ns() - t0;
-    CUgraph g = NULL;
-    cu->end_rc = cuStreamEndCapture(s, &g);
-    if (g)
-        cuGraphDestroy(g);
-    CU_OK(cuStreamDestroy(s));
+    end_capture_and_destroy(s, &cu->end_rc);
     return NULL;
 }
 
@@ -1529,21 +1528,8 @@ Test(scenarios, unregister_beside_a_capture_that_holds_back_a_record, .timeout =
 {
     struct captured_unregister cu = {0};
     struct marked *m = &cu.m;
-    m->primary = test_context();
-    CUcontext again;
-    CU_OK(cuDevicePrimaryCtxRetain(&again, device0())); /* the release is not the last */
-    m->long_stream = test_stream(CU_STREAM_NON_BLOCKING);
-    CU_OK(cuCtxCreate(&m->other, NULL, 0, device0()));
-    CU_OK(cuCtxSetCurrent(m->primary));
     pthread_t f, r, u, c;
-    cr_assert_eq(pthread_create(&f, NULL, flush_through_a_long_free, m), 0);
-    while (!atomic_load(&m->flushing))
-        sleep_ms(1);
-    sleep_ms(50); /* the flush is inside the driver's cuMemFreeHost (400 ms) */
-    cr_assert_eq(pthread_create(&r, NULL, release_the_primary, m), 0);
-    while (!atomic_load(&m->releasing))
-        sleep_ms(1);
-    sleep_ms(50); /* the release waits for the flush's walk */
+    primary_release_waits_for_a_flush(m, &f, &r);
     cr_assert_eq(pthread_create(&u, NULL, unregister_elsewhere, m), 0);
     sleep_ms(50); /* its fence is made, its record in the primary context marked */
     cr_assert_eq(pthread_create(&c, NULL, capture_until_unregistered, &cu), 0);
