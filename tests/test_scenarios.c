@@ -1367,6 +1367,32 @@ static void primary_release_waits_for_a_flush(struct marked *m, pthread_t *f, pt
     sleep_ms(50); /* the release waits for the flush's walk */
 }
 
+/* Makes ctx current, begins a relaxed capture of a new stream of it (its
+ * result in *rc), then sets *capturing. Returns the stream. */
+static CUstream begin_relaxed_capture(CUcontext ctx, CUresult *rc, atomic_int *capturing)
+{
+    CU_OK(cuCtxSetCurrent(ctx));
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    *rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
+    atomic_store(capturing, 1);
+    return s;
+}
+
+/* The end of the tests below: the capture ended well (end_rc) and no
+ * capture was invalidated; m's second context goes; no call named a dead
+ * context and no kernel faulted. */
+static void capture_survived_and_nothing_else(struct marked *m, CUresult end_rc)
+{
+    cr_expect_eq(end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)end_rc);
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    CU_OK(cuCtxDestroy(m->other));
+    CU_OK(cuCtxSetCurrent(m->primary));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* Ends the capture of s and destroys s; the capture's result in *rc. */
 static void end_capture_and_destroy(CUstream s, CUresult *rc)
 {
@@ -1432,11 +1458,7 @@ struct captured_mark {
 static void *capture_then_allocate(void *arg)
 {
     struct captured_mark *cm = arg;
-    CU_OK(cuCtxSetCurrent(cm->m.primary));
-    CUstream s;
-    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    cm->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
-    atomic_store(&cm->capturing, 1);
+    CUstream s = begin_relaxed_capture(cm->m.primary, &cm->begin_rc, &cm->capturing);
     while (!atomic_load(&cm->allocate))
         sleep_ms(1);
     void *h = NULL;
@@ -1484,13 +1506,7 @@ Test(scenarios, out_of_memory_beside_a_capture_that_holds_back_a_record, .timeou
     cr_expect_lt(cm.alloc_ns, 2000 * MS, "the allocation took %llu ms: its reclaim waited "
                  "for records that the capture of its own thread kept from being made",
                  (unsigned long long)(cm.alloc_ns / MS));
-    cr_expect_eq(cm.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)cm.end_rc);
-    cr_expect_eq(testdrv_invalidated_captures(), 0);
-    CU_OK(cuCtxDestroy(m->other));
-    CU_OK(cuCtxSetCurrent(m->primary));
-    CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_dead_context_calls(), 0);
-    cr_expect_eq(testdrv_faults(), 0);
+    capture_survived_and_nothing_else(m, cm.end_rc);
 }
 
 /* An unregister in another context while the primary context's release
@@ -1511,11 +1527,7 @@ struct captured_unregister {
 static void *capture_until_unregistered(void *arg)
 {
     struct captured_unregister *cu = arg;
-    CU_OK(cuCtxSetCurrent(cu->m.primary));
-    CUstream s;
-    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    cu->begin_rc = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED);
-    atomic_store(&cu->capturing, 1);
+    CUstream s = begin_relaxed_capture(cu->m.primary, &cu->begin_rc, &cu->capturing);
     uint64_t t0 = now_ns();
     for (int i = 0; i < 5000 && !atomic_load(&cu->m.unregistered); i++)
         sleep_ms(1);
@@ -1542,13 +1554,7 @@ Test(scenarios, unregister_beside_a_capture_that_holds_back_a_record, .timeout =
                  "record that the capture kept from being made, while the capturing thread "
                  "waited for it", (unsigned long long)(m->unregister_ns / MS));
     cr_expect_eq(cu.begin_rc, CUDA_SUCCESS);
-    cr_expect_eq(cu.end_rc, CUDA_SUCCESS, "the capture ended with %d", (int)cu.end_rc);
-    cr_expect_eq(testdrv_invalidated_captures(), 0);
-    CU_OK(cuCtxDestroy(m->other));
-    CU_OK(cuCtxSetCurrent(m->primary));
-    CU_OK(cuCtxSynchronize());
-    cr_expect_eq(testdrv_dead_context_calls(), 0);
-    cr_expect_eq(testdrv_faults(), 0);
+    capture_survived_and_nothing_else(m, cu.end_rc);
 }
 
 /* ==== 10.5 A primary release cudefer could not count ======================= */
