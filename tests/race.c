@@ -16,7 +16,7 @@
  * RACE_TIMEOUT (seconds; default one per 500 operations, at least 120),
  * RACE_STALL_S (seconds, default 5; 0: no limit): one call under way for
  * longer fails the run with 'stall' (its kernels last 40 ms at most; an
- * allocation that waited 10-50 s for a record a live capture kept from
+ * allocation that waited 6-54 s for a record a live capture kept from
  * being made passed every other check),
  * RACE_SKIP (a comma-separated list of what to leave out, to narrow a
  * failure down: green, own, role, reset, capture, flush, register; without

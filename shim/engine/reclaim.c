@@ -216,7 +216,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
     if (far_rc == CD_FAR_CAPTURED && why == CD_FLUSH_OOM) {
         /* Only records that live captures keep from being made hold them
          * back, and the thread that captures may be one that waits for
-         * this allocation's memory (tests/race.c: 10-50 s): they are
+         * this allocation's memory (tests/race.c: stalls of 6-54 s): they are
          * released after their own context's work, as the driver's own
          * release would have waited for. Other contexts' kernels that
          * still use them are not waited for, as without cudefer. */
