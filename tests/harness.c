@@ -116,7 +116,8 @@ void hx_thread_init(struct hx_thread *t, int index)
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     t->rng = (z ^ (z >> 31)) | 1;
     pthread_mutex_init(&hist_lock[index], NULL);
-    hx_threads[index] = t;
+    /* The watchdog looks at the table while threads are set up. */
+    __atomic_store_n(&hx_threads[index], t, __ATOMIC_RELEASE);
 }
 
 uint64_t hx_random(struct hx_thread *t)
@@ -353,7 +354,7 @@ static struct hx_thread *stalled(double *secs)
 {
     uint64_t now = hx_now_ns(), limit = (uint64_t)hx.stall_s * 1000000000ull;
     for (int i = 0; i < hx.threads && i < HX_MAX_THREADS; i++) {
-        struct hx_thread *t = hx_threads[i];
+        struct hx_thread *t = __atomic_load_n(&hx_threads[i], __ATOMIC_ACQUIRE);
         if (!t || !atomic_load(&t->in_call))
             continue;
         uint64_t start = atomic_load(&t->call_start_ns);
