@@ -842,6 +842,16 @@ struct long_capture {
     CUresult begin_rc, end_rc;
 };
 
+/* Ends the capture of s and destroys s; the capture's result in *rc. */
+static void end_capture_and_destroy(CUstream s, CUresult *rc)
+{
+    CUgraph g = NULL;
+    *rc = cuStreamEndCapture(s, &g);
+    if (g)
+        cuGraphDestroy(g);
+    CU_OK(cuStreamDestroy(s));
+}
+
 static void *capture_until_told(void *arg)
 {
     struct long_capture *lc = arg;
@@ -854,11 +864,7 @@ static void *capture_until_told(void *arg)
     atomic_store(&lc->live, 1);
     while (!atomic_load(&lc->end))
         sleep_ms(1);
-    CUgraph g = NULL;
-    lc->end_rc = cuStreamEndCapture(s, &g);
-    if (g)
-        cuGraphDestroy(g);
-    CU_OK(cuStreamDestroy(s));
+    end_capture_and_destroy(s, &lc->end_rc);
     return NULL;
 }
 
@@ -1391,16 +1397,6 @@ static void capture_survived_and_nothing_else(struct marked *m, CUresult end_rc)
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(testdrv_dead_context_calls(), 0);
     cr_expect_eq(testdrv_faults(), 0);
-}
-
-/* Ends the capture of s and destroys s; the capture's result in *rc. */
-static void end_capture_and_destroy(CUstream s, CUresult *rc)
-{
-    CUgraph g = NULL;
-    *rc = cuStreamEndCapture(s, &g);
-    if (g)
-        cuGraphDestroy(g);
-    CU_OK(cuStreamDestroy(s));
 }
 
 Test(scenarios, unregister_beside_a_release_waiting_for_a_flush_returns, .timeout = 30)
