@@ -201,6 +201,47 @@ Test(scenarios, registered_pages_are_the_programs_after_unregister, .timeout = 2
     CU_OK(cuCtxSynchronize());
 }
 
+/* A registration over a pending unregister makes that unregister first (it
+ * may wait for its context's work), and no other: another context's
+ * pending unregister stays pending, and the registration does not wait for
+ * that context's kernel (the driver's unregister waits for all of its
+ * context's work). */
+Test(scenarios, registration_makes_only_the_unregister_it_overlaps, .timeout = 20)
+{
+    CUcontext first = test_context();
+    char *pages = aligned_alloc(4096, 2 * 4096);
+    cr_assert_not_null(pages);
+    char *mine = pages, *theirs = pages + 4096;
+    CUcontext second;
+    CU_OK(cuCtxCreate(&second, NULL, 0, device0()));
+    CU_OK(cuMemHostRegister(theirs, 4096, 0));
+    CU_OK(cuMemHostUnregister(theirs)); /* pending in the second context */
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    CU_OK(cuCtxSetCurrent(first));
+    CU_OK(cuMemHostRegister(mine, 4096, 0));
+    CU_OK(cuMemHostUnregister(mine)); /* pending in the first */
+
+    struct meter m = meter_start();
+    CUresult rc = cuMemHostRegister(mine, 4096, 0);
+    struct cost c = meter_stop(m);
+    unsigned type = 0;
+    CUresult theirs_rc = cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                               (CUdeviceptr)(uintptr_t)theirs);
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_SUCCESS, "the registration over its own pending unregister failed");
+    cr_expect_lt(c.blocked_ns, 2 * MS, "the registration was blocked %llu ms in the driver",
+                 (unsigned long long)(c.blocked_ns / MS));
+    cr_expect_lt(c.wall_ns, 200 * MS, "the registration took %llu ms: it waited for the other "
+                 "context's kernel", (unsigned long long)(c.wall_ns / MS));
+    cr_expect_eq(theirs_rc, CUDA_SUCCESS, "the other context's pending unregister was made "
+                 "(the driver no longer knows its pages: %d)", (int)theirs_rc);
+    CU_OK(cuMemHostUnregister(mine));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(second));
+    free(pages);
+}
+
 /* ==== 9.2 No hidden waits ==================================================== */
 /* The rule: an allocation that succeeds never waits for the GPU (a kernel
  * that waits for this very thread would never end). */

@@ -15,6 +15,8 @@
 
 static _Atomic long long registered_pending;
 static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Broadcast when a range stops being pending. */
+static pthread_cond_t ranges_cond;
 static struct range {
     uintptr_t lo, hi;
 } *ranges;
@@ -44,6 +46,7 @@ static void note_range(const struct cd_record *r, int sign)
             ranges[i] = ranges[--nranges];
         else if (unnoted)
             unnoted--;
+        pthread_cond_broadcast(&ranges_cond);
     }
     pthread_mutex_unlock(&ranges_lock);
 }
@@ -69,14 +72,40 @@ bool cd_books_registered_unnoted(void)
     return any;
 }
 
+/* Under ranges_lock. */
+static bool overlap_locked(uintptr_t lo, uintptr_t hi)
+{
+    for (size_t i = 0; i < nranges; i++)
+        if (ranges[i].lo < hi && lo < ranges[i].hi)
+            return true;
+    return false;
+}
+
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
 {
-    bool found = false;
     pthread_mutex_lock(&ranges_lock);
-    for (size_t i = 0; i < nranges && !found; i++)
-        found = ranges[i].lo < hi && lo < ranges[i].hi;
+    bool found = overlap_locked(lo, hi);
     pthread_mutex_unlock(&ranges_lock);
     return found;
+}
+
+bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&ranges_lock);
+    int err = 0;
+    while (overlap_locked(lo, hi) && err != ETIMEDOUT)
+        err = pthread_cond_timedwait(&ranges_cond, &ranges_lock, &until);
+    bool clear = !overlap_locked(lo, hi);
+    pthread_mutex_unlock(&ranges_lock);
+    return clear;
 }
 
 /* ---- entries in transit ------------------------------------------------------ */
@@ -88,6 +117,7 @@ static unsigned long long transit_moves;
 
 __attribute__((constructor)) static void books_init(void)
 {
+    cd_cond_init_monotonic(&ranges_cond);
     cd_cond_init_monotonic(&transit_cond);
 }
 
@@ -128,6 +158,7 @@ bool cd_books_transit_wait(int seconds)
 void cd_books_reset(void)
 {
     pthread_mutex_init(&ranges_lock, NULL);
+    cd_cond_init_monotonic(&ranges_cond);
     nranges = 0;
     unnoted = 0;
     atomic_store(&registered_pending, 0);
@@ -313,43 +344,42 @@ static size_t take_while(struct cd_ctx *c, struct cd_link *out,
     return n;
 }
 
-struct kinds {
-    unsigned mask;
-    uint64_t far;
-};
+static bool picked(const struct cd_take *t, const struct cd_record *r)
+{
+    return !r->claimed && (t->mask & (1u << r->kind)) && r->far <= t->far &&
+           (!t->hi || (r->key < t->hi && t->lo < r->key + r->bytes));
+}
 
-static int want_kinds(struct cd_ctx *c, struct cd_record *r, void *arg)
+static int want_picked(struct cd_ctx *c, struct cd_record *r, void *arg)
 {
     (void)c;
-    const struct kinds *k = arg;
     if (r->kept) {
         r->kept = false;
         return 0;
     }
-    return !r->claimed && (k->mask & (1u << r->kind)) && r->far <= k->far;
+    return picked(arg, r);
 }
 
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64_t far,
-                         long long *kept, struct cd_link *out)
+size_t cd_books_take_all(struct cd_ctx *c, const struct cd_take *t, long long *kept,
+                         struct cd_link *out)
 {
-    struct kinds k = {mask, far};
-    long long left = keep;
+    struct cd_take pick = *t;
+    long long left = pick.keep;
     pthread_mutex_lock(&c->lock);
     /* Newest first: the sizes the program released last are the likeliest
      * to be asked for again. Only blocks a reuse could take (in a bin,
      * fenced) are kept; the flush leaves them where they are. */
     for (struct cd_link *e = c->deferred.prev; e != &c->deferred && left > 0; e = e->prev) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, age);
-        if (r->done && !r->claimed && cd_linked(&r->bin) && (long long)r->bytes <= left &&
-            (mask & (1u << r->kind)) && r->far <= far) {
+        if (r->done && cd_linked(&r->bin) && (long long)r->bytes <= left && picked(&pick, r)) {
             r->kept = true;
             left -= (long long)r->bytes;
         }
     }
-    size_t n = take_while(c, out, want_kinds, &k);
+    size_t n = take_while(c, out, want_picked, &pick);
     pthread_mutex_unlock(&c->lock);
     if (kept)
-        *kept = keep - left;
+        *kept = pick.keep - left;
     return n;
 }
 

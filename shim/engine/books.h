@@ -25,13 +25,27 @@ bool cd_books_room(struct cd_ctx *c, const struct cd_record *r);
 /* Takes r, which is on c's books, off them (claimed by the caller or not). */
 void cd_books_take(struct cd_ctx *c, struct cd_record *r);
 
-/* Takes every entry whose kind is in mask, that no reuse claims and whose
- * fence's number in other contexts is at most far (fence.h) off c's books,
- * oldest first, onto out (by their age links), except the newest fenced
- * reusable blocks whose sizes add up to at most keep bytes, which stay for
- * reuse (*kept: their bytes; kept may be NULL). Returns how many it took. */
-size_t cd_books_take_all(struct cd_ctx *c, unsigned mask, long long keep, uint64_t far,
-                         long long *kept, struct cd_link *out);
+/* Which entries a flush takes off a context's books: those whose kind is
+ * in mask, that no reuse claims, whose fence's number in other contexts is
+ * at most far (fence.h) and, where hi is not 0, whose range [key, key +
+ * bytes) overlaps [lo, hi) (a registration over pending unregisters),
+ * except the newest fenced reusable blocks whose sizes add up to at most
+ * keep bytes, which stay for reuse. */
+struct cd_take {
+    unsigned mask;
+    long long keep;
+    uint64_t far;
+    uintptr_t lo, hi;
+};
+
+/* Every entry of the kinds in mask. */
+#define CD_TAKE_ALL(kinds) ((struct cd_take){.mask = (kinds), .far = UINT64_MAX})
+
+/* Takes the entries t picks off c's books, oldest first, onto out (by
+ * their age links); *kept (may be NULL): the bytes left for reuse. Returns
+ * how many it took. */
+size_t cd_books_take_all(struct cd_ctx *c, const struct cd_take *t, long long *kept,
+                         struct cd_link *out);
 
 /* Device memory the program holds in c: a block of bytes allocated or
  * reused (sign 1) or released (sign -1). The most it has held at once, in
@@ -95,6 +109,10 @@ void cd_books_unregistered(struct cd_record *r);
 /* Registrations whose unregister is pending, in every context. */
 long long cd_books_registered_pending(void);
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
+/* WAITS (for other threads, not for the GPU) until no pending registration
+ * overlaps [lo, hi), at most ms milliseconds: one that another thread's
+ * flush holds while the driver unregisters it. True when none does. */
+bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms);
 /* Whether a pending registration's range could not be noted (no memory for
  * the table): then no overlap can be ruled out. */
 bool cd_books_registered_unnoted(void);

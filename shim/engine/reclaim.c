@@ -170,20 +170,20 @@ static uint64_t far_floor(struct cd_ctx *c)
     return far;
 }
 
-/* Releases c's entries of the kinds in mask, but for the newest reusable
- * blocks of up to keep bytes: device blocks through cuMemFreeAsync behind
- * their fence, the others with the driver's release. A synchronisation
- * (why CD_FLUSH_SYNC) leaves the entries whose other contexts' records have
- * not passed: the program waited for its context only. Other flushes WAIT
- * for those records. With settle, WAITS until c's frees in flight have given the memory back.
+/* Releases the entries of c that take picks (take.far is set here):
+ * device blocks through cuMemFreeAsync behind their fence, the others with
+ * the driver's release. A synchronisation (why CD_FLUSH_SYNC) leaves the
+ * entries whose other contexts' records have not passed: the program
+ * waited for its context only. Other flushes WAIT for those records. With
+ * settle, WAITS until c's frees in flight have given the memory back.
  * Returns whether there was anything to do. MAY WAIT. */
-static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned mask, bool settle,
-                          long long keep, bool *held)
+static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_take take,
+                          bool settle, bool *held)
 {
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
-    uint64_t far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
+    take.far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
     /* A context with a sticky error keeps its entries for its destruction:
      * every release in it would fail. */
     /* Counted before the entries leave the books: an out-of-memory answer
@@ -195,7 +195,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
      * not for other contexts'). */
     size_t n = atomic_load(&c->sticky)
                    ? 0
-                   : cd_books_take_all(c, mask, keep, far, &kept, &list);
+                   : cd_books_take_all(c, &take, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
     cd_books_transit((long long)n);
     if (!n && !frees) {
@@ -213,16 +213,22 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
      * back on the books for a later flush. */
     uint64_t need = far_of(&list);
     enum cd_far_wait far_rc = need ? cd_fence_far_wait(c, need, true) : CD_FAR_PASSED;
-    if (far_rc == CD_FAR_CAPTURED && why == CD_FLUSH_OOM) {
+    if (far_rc == CD_FAR_CAPTURED && (why == CD_FLUSH_OOM || why == CD_FLUSH_REGISTER)) {
         /* Only records that live captures keep from being made hold them
          * back, and the thread that captures may be one that waits for
          * this allocation's memory (tests/race.c: stalls of 6-54 s): they are
          * released after their own context's work, as the driver's own
          * release would have waited for. Other contexts' kernels that
-         * still use them are not waited for, as without cudefer. */
-        atomic_fetch_add(&cd_stats.far_skipped, 1);
-        cd_log(CD_LOG_INFO, "out of memory: entries of context %p released without waiting "
-               "for other contexts' work (a capture keeps its record from being made)",
+         * still use them are not waited for, as without cudefer. A
+         * registration over a pending unregister (CUDEFER_REGISTERED=defer)
+         * does the same: held back, it would answer
+         * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for pages the program
+         * unregistered. */
+        if (why == CD_FLUSH_OOM)
+            atomic_fetch_add(&cd_stats.far_skipped, 1);
+        cd_log(CD_LOG_INFO, "%s: entries of context %p released without waiting for other "
+               "contexts' work (a capture keeps its record from being made)",
+               why == CD_FLUSH_OOM ? "out of memory" : "a registration over a pending unregister",
                (void *)atomic_load(&c->handle));
     } else if (far_rc != CD_FAR_PASSED) {
         requeue_unpassed(c, &list);
@@ -292,7 +298,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, unsigned m
 
 struct flush_all {
     enum cd_flush_reason why;
-    unsigned mask;
+    struct cd_take take;
     bool settle;
     bool any;
     bool held; /* ending contexts held entries back (flush_context) */
@@ -302,14 +308,14 @@ static void flush_each(struct cd_ctx *c, void *arg)
 {
     struct flush_all *f = arg;
     cd_ctx_warm_up(c);
-    f->any |= flush_context(c, f->why, f->mask, f->settle, 0, &f->held);
+    f->any |= flush_context(c, f->why, f->take, f->settle, &f->held);
 }
 
-/* Flushes every context; *held (may be NULL): ending contexts held entries
- * back. MAY WAIT. */
-static bool flush_all(enum cd_flush_reason why, unsigned mask, bool settle, bool *held)
+/* Flushes what take picks in every context; *held (may be NULL): ending
+ * contexts held entries back. MAY WAIT. */
+static bool flush_all(enum cd_flush_reason why, struct cd_take take, bool settle, bool *held)
 {
-    struct flush_all f = {why, mask, settle, false, false};
+    struct flush_all f = {why, take, settle, false, false};
     cd_ctx_each(flush_each, &f);
     if (held)
         *held = f.held;
@@ -333,7 +339,7 @@ int cd_flush_all(void)
 {
     if (!cd_engine_on())
         return 0;
-    flush_all(CD_FLUSH_EXPLICIT, CD_ALL_KINDS, true, NULL);
+    flush_all(CD_FLUSH_EXPLICIT, CD_TAKE_ALL(CD_ALL_KINDS), true, NULL);
     /* What other threads took off the books meanwhile (their flushes, the
      * waiter's evictions) is released or in flight once they are done. */
     if (!cd_books_transit_wait(60))
@@ -355,7 +361,9 @@ void cd_context_synchronized(CUcontext ctx)
      * blocks through cuMemFreeAsync (the waiter settles them), the rest
      * with the driver's releases. */
     cd_ctx_warm_up(c);
-    flush_context(c, CD_FLUSH_SYNC, CD_ALL_KINDS, false, cd_option_int(CD_OPT_KEEP), NULL);
+    struct cd_take take = CD_TAKE_ALL(CD_ALL_KINDS);
+    take.keep = cd_option_int(CD_OPT_KEEP);
+    flush_context(c, CD_FLUSH_SYNC, take, false, NULL);
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }
@@ -435,7 +443,7 @@ static bool reclaim_waiting(const char *call, bool *held_back)
            "cudefer holds, then retrying", call);
     cd_range_push("cudefer: out of memory, waiting for released memory");
     cd_ctx_each(claims_wait, NULL);
-    flush_all(CD_FLUSH_OOM, CD_ALL_KINDS, true, held_back);
+    flush_all(CD_FLUSH_OOM, CD_TAKE_ALL(CD_ALL_KINDS), true, held_back);
     /* Entries another thread's flush holds at this moment come back when
      * its releases end; then their frees are settled too. */
     if (!cd_books_transit_wait(60))
@@ -531,17 +539,25 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 
 /* ---- registrations ------------------------------------------------------------- */
 
-/* Releases the queued unregisters overlapping [lo, hi). One may be off the
- * books for a moment in another thread's flush: then this waits for that
- * flush. MAY WAIT. Gives up after 10 s. */
+/* Releases the queued unregisters overlapping [lo, hi), and those alone:
+ * another range's pending unregister may wait for its own context's work
+ * (the driver's unregister waits for all of it), which this registration
+ * would not have waited for without cudefer. One may be off the books for
+ * a moment in another thread's flush, whose driver unregister is under
+ * way: then this waits for that range to be done. MAY WAIT for those
+ * unregisters. Gives up after ten rounds (a round waits at most 1 s for
+ * another thread's unregister, or 5 ms for an ending context's record). */
 static bool release_overlapping(uintptr_t lo, uintptr_t hi)
 {
+    struct cd_take only = {.mask = 1u << CD_REGISTERED, .far = UINT64_MAX, .lo = lo, .hi = hi};
     bool any = false;
     for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
-        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL);
-        if (!cd_books_registered_overlap(lo, hi))
+        bool held = false;
+        any |= flush_all(CD_FLUSH_REGISTER, only, false, &held);
+        /* Entries an ending context held back are on the books again:
+         * the next round takes them (the flush gave them 5 ms). */
+        if (!held && cd_books_registered_wait(lo, hi, 1000))
             break;
-        cd_books_transit_wait(1);
     }
     if (cd_books_registered_overlap(lo, hi))
         cd_log(CD_LOG_ERROR, "a pending unregister of %#lx stays out of reach", (unsigned long)lo);
@@ -568,6 +584,6 @@ bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
      * here would wait for the GPU). Only a pending unregister whose range
      * could not be noted may be the one in the way: then they all go. */
     if (cd_books_registered_unnoted())
-        any |= flush_all(CD_FLUSH_REGISTER, 1u << CD_REGISTERED, false, NULL);
+        any |= flush_all(CD_FLUSH_REGISTER, CD_TAKE_ALL(1u << CD_REGISTERED), false, NULL);
     return any;
 }

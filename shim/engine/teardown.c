@@ -46,7 +46,7 @@ static void settle_books(struct cd_ctx *c, bool alive)
 {
     struct cd_link list;
     cd_list_init(&list);
-    cd_books_take_all(c, CD_ALL_KINDS, 0, UINT64_MAX, NULL, &list);
+    cd_books_take_all(c, &CD_TAKE_ALL(CD_ALL_KINDS), NULL, &list);
     while (!cd_list_empty(&list)) {
         struct cd_record *r = CD_CONTAINER(list.next, struct cd_record, age);
         cd_list_remove(&r->age);
