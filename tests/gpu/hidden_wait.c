@@ -27,6 +27,14 @@
  *                   context's work only, and cudefer's fence of the release
  *                   (which covers every context it knows) must not make it
  *                   wait for the other context's kernel
+ *   register-over   the second context registers a page and unregisters it
+ *                   while idle (with cudefer the unregister is pending),
+ *                   then runs the flag kernel; the primary context
+ *                   unregisters a page of its own and registers it again
+ *                   (alloc_ms: that registration): cudefer makes that
+ *                   page's pending unregister first, and must not make the
+ *                   other context's, whose driver unregister waits for all
+ *                   of that context's work, the flag kernel included
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
@@ -101,9 +109,47 @@ static void print_result(const char *name, CUresult rc, double ms, bool waiting,
     fflush(stdout);
 }
 
-/* The other-context-sync case: the flag kernel, its flag and its stream
- * are the second context's. */
-static int other_context_sync(CUcontext ctx2)
+/* Pages of the register-over case. */
+static char pages[2 * 4096] __attribute__((aligned(4096)));
+
+/* The primary context's part of a case whose flag kernel runs in the
+ * second context: what it does before the measured call, and that call. */
+static void release_a_block(void)
+{
+    CUdeviceptr p;
+    GC_CHECK(cuMemAlloc(&p, GC_MIB));
+    GC_CHECK(cuMemFree(p));
+}
+
+static CUresult synchronize(void)
+{
+    return cuCtxSynchronize();
+}
+
+static void unregister_mine(void)
+{
+    GC_CHECK(cuMemHostRegister(pages, 4096, 0));
+    GC_CHECK(cuMemHostUnregister(pages));
+}
+
+static CUresult register_mine(void)
+{
+    return cuMemHostRegister(pages, 4096, 0);
+}
+
+/* The second context's part of register-over, before its kernel: a page
+ * unregistered while it is idle. */
+static void unregister_theirs(void)
+{
+    GC_CHECK(cuMemHostRegister(pages + 4096, 4096, 0));
+    GC_CHECK(cuMemHostUnregister(pages + 4096));
+}
+
+/* The cases whose flag kernel, its flag and its stream are the second
+ * context's: there, before the kernel starts, set_up (may be NULL); then in
+ * the primary context prepare, and the measured call. */
+static int in_the_other_context(const char *name, CUcontext ctx2, void (*set_up)(void),
+                                void (*prepare)(void), CUresult (*measured)(void))
 {
     CUcontext popped;
     struct gc_kernels k2;
@@ -111,24 +157,23 @@ static int other_context_sync(CUcontext ctx2)
     GC_CHECK(cuCtxPushCurrent(ctx2));
     gc_load_kernels(&k2);
     GC_CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    if (set_up)
+        set_up();
     gc_flag_init(&flag);
     bool waiting = start_flag_kernel(&k2, s2);
     GC_CHECK(cuCtxPopCurrent(&popped));
 
-    /* The primary context releases a block while the other kernel runs. */
-    CUdeviceptr p;
-    GC_CHECK(cuMemAlloc(&p, GC_MIB));
-    GC_CHECK(cuMemFree(p));
+    prepare();
     gc_flag_arm(&flag, WATCHDOG_MS);
     double t0 = gc_now_ms();
-    CUresult rc = cuCtxSynchronize();
-    double sync_ms = gc_now_ms() - t0;
+    CUresult rc = measured();
+    double ms = gc_now_ms() - t0;
     gc_flag_set(&flag);
     bool fired = gc_flag_disarm(&flag);
 
     GC_CHECK(cuCtxPushCurrent(ctx2));
     CUresult sync = cuCtxSynchronize();
-    print_result("other-context-sync", rc, sync_ms, waiting, fired, sync);
+    print_result(name, rc, ms, waiting, fired, sync);
     if (sync != CUDA_SUCCESS)
         return 0;
     gc_flag_free(&flag);
@@ -136,6 +181,8 @@ static int other_context_sync(CUcontext ctx2)
     GC_CHECK(cuModuleUnload(k2.module));
     GC_CHECK(cuCtxPopCurrent(&popped));
     GC_CHECK(cuCtxDestroy(ctx2));
+    if (measured == register_mine && rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemHostUnregister(pages));
     GC_CHECK(cuStreamDestroy(stream));
     GC_CHECK(cuModuleUnload(kernels.module));
     gc_fini();
@@ -145,19 +192,21 @@ static int other_context_sync(CUcontext ctx2)
 int main(int argc, char **argv)
 {
     if (argc != 2)
-        gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync>");
+        gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync|"
+               "register-over>");
     const char *name = argv[1];
     bool pinned = strcmp(name, "pinned") == 0;
     bool cache = strcmp(name, "device-cache") == 0;
     bool other = strcmp(name, "second-context") == 0;
     bool xsync = strcmp(name, "other-context-sync") == 0;
-    if (!pinned && !cache && !other && !xsync)
+    bool reg = strcmp(name, "register-over") == 0;
+    if (!pinned && !cache && !other && !xsync && !reg)
         gc_die("unknown case '%s'", name);
 
     gc_init();
     gc_load_kernels(&kernels);
     GC_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    if (!xsync)
+    if (!xsync && !reg)
         gc_flag_init(&flag);
     /* Warm-up: the first launch on the stream, a first allocation. */
     CUdeviceptr warm;
@@ -167,13 +216,16 @@ int main(int argc, char **argv)
     GC_CHECK(cuMemFree(warm));
     GC_CHECK(cuCtxSynchronize());
 
-    CUcontext ctx2 = other || xsync ? second_context() : NULL;
+    CUcontext ctx2 = other || xsync || reg ? second_context() : NULL;
     if (pinned || other)
         free_pinned_while_idle();
     if (cache)
         free_device_while_idle();
     if (xsync)
-        return other_context_sync(ctx2);
+        return in_the_other_context(name, ctx2, NULL, release_a_block, synchronize);
+    if (reg)
+        return in_the_other_context(name, ctx2, unregister_theirs, unregister_mine,
+                                    register_mine);
 
     bool waiting = start_flag_kernel(&kernels, stream);
     gc_flag_arm(&flag, WATCHDOG_MS);

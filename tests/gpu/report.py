@@ -565,7 +565,8 @@ def report_capture(res, summary):
 
 REGISTERED_LAUNCH_MS = 1.0     # the other thread's launch during the unregister
 HIDDEN_WAIT_MS = 100.0         # an allocation while the flag kernel waits
-HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync")
+HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync",
+                     "register-over")
 CAPTURE_PTSZ_HELD_MIB = 256.0  # at most cudefer's device cache
 GREEN_HELD_MARGIN_MIB = 64.0   # above what the driver alone leaves
 QUIET_FRAMEWORKS = ("torch", "jax", "cupy")
