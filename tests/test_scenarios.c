@@ -1594,6 +1594,66 @@ Test(scenarios, unregister_beside_a_capture_that_holds_back_a_record, .timeout =
     capture_survived_and_nothing_else(m, cu.end_rc);
 }
 
+/* With CUDEFER_REGISTERED=defer an unregister returns at once and its
+ * fence is waited for later, by a registration of the same pages. The
+ * unregister is made in another context while the primary context's
+ * release waits for a flush (its fence marks a record of the primary
+ * context), then a thread captures in the primary context until the pages
+ * are registered again. The registration must not wait for that record:
+ * it makes the pending unregister after its own context's work, as the
+ * driver's unregister would. Before, it gave up after ten rounds and
+ * answered CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for pages the program
+ * had unregistered. */
+struct captured_register {
+    struct marked m;
+    atomic_int capturing, registered;
+    CUresult begin_rc, end_rc, register_rc;
+    uint64_t register_ns;
+};
+
+static void *capture_until_registered(void *arg)
+{
+    struct captured_register *cr = arg;
+    CUstream s = begin_relaxed_capture(cr->m.primary, &cr->begin_rc, &cr->capturing);
+    for (int i = 0; i < 5000 && !atomic_load(&cr->registered); i++)
+        sleep_ms(1);
+    end_capture_and_destroy(s, &cr->end_rc);
+    return NULL;
+}
+
+Test(scenarios, register_beside_a_capture_that_holds_back_a_record, .timeout = 60)
+{
+    static char pages[2 * 4096] __attribute__((aligned(4096)));
+    setenv("CUDEFER_REGISTERED", "defer", 1);
+    struct captured_register cr = {0};
+    struct marked *m = &cr.m;
+    pthread_t f, r, c;
+    primary_release_waits_for_a_flush(m, &f, &r);
+    CU_OK(cuCtxSetCurrent(m->other));
+    CU_OK(cuMemHostRegister(pages, sizeof pages, 0));
+    CU_OK(cuMemHostUnregister(pages)); /* deferred: its record in the primary marked */
+    cr_assert_eq(pthread_create(&c, NULL, capture_until_registered, &cr), 0);
+    while (!atomic_load(&cr.capturing))
+        sleep_ms(1);
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    sleep_ms(20); /* the waiter has found the capture in the way of the record */
+    uint64_t t0 = now_ns();
+    cr.register_rc = cuMemHostRegister(pages, sizeof pages, 0);
+    cr.register_ns = now_ns() - t0;
+    atomic_store(&cr.registered, 1);
+    pthread_join(c, NULL);
+    cr_expect_eq(cr.register_rc, CUDA_SUCCESS, "the registration of pages the program had "
+                 "unregistered answered %d after %llu ms", (int)cr.register_rc,
+                 (unsigned long long)(cr.register_ns / MS));
+    cr_expect_lt(cr.register_ns, 2000 * MS, "the registration took %llu ms",
+                 (unsigned long long)(cr.register_ns / MS));
+    cr_expect_eq(cr.begin_rc, CUDA_SUCCESS);
+    if (cr.register_rc == CUDA_SUCCESS)
+        CU_OK(cuMemHostUnregister(pages));
+    capture_survived_and_nothing_else(m, cr.end_rc);
+}
+
 /* ==== 10.5 A primary release cudefer could not count ======================= */
 
 static int primary_active(CUdevice dev)
