@@ -513,6 +513,9 @@ struct worker {
      * (an allocation, a registration, a call allowed to wait); 0 when
      * there is none: see drains_flush. */
     _Atomic uint64_t may_flush_since;
+    /* When this thread's last call that may flush and ran DRAIN_SLACK_NS
+     * or more ended (drains_flush). */
+    _Atomic uint64_t long_flush_end;
     /* The newest managed blocks this thread released: an allocation of
      * the size of one of them in its context may have waited for it (the
      * rule of R_ALLOC). */
@@ -589,17 +592,21 @@ static bool may_flush(enum rule rule)
     return rule == R_ALLOC || rule == R_REGISTER || rule == R_ALLOWED;
 }
 
-/* A flush still under way in another thread when a call that drains the
- * walks returns at t1 may be what it waited for: a call that may flush
- * and has run DRAIN_SLACK_NS or more (such calls take microseconds unless
- * they wait). Those that ended are seen through waits_ended_ns. */
+/* A flush in another thread that overlapped a call that drains the walks
+ * (from t0 to t1) may be what it waited for: a call that may flush and ran
+ * DRAIN_SLACK_NS or more (such calls take microseconds unless they wait),
+ * still under way at t1 or ended after t0 (waits_ended_ns sees only the
+ * calls that the test driver counted as waiting). */
 #define DRAIN_SLACK_NS 2000000ull
 
-static bool drains_flush(const struct worker *w, uint64_t t1)
+static bool drains_flush(const struct worker *w, uint64_t t0, uint64_t t1)
 {
     for (int i = 0; i < hx.threads; i++) {
+        if (&workers[i] == w)
+            continue;
         uint64_t since = atomic_load(&workers[i].may_flush_since);
-        if (&workers[i] != w && since && since + DRAIN_SLACK_NS <= t1)
+        if ((since && since + DRAIN_SLACK_NS <= t1) ||
+            atomic_load(&workers[i].long_flush_end) > t0)
             return true;
     }
     return false;
@@ -686,7 +693,7 @@ static void judge_wall(struct worker *w, const struct probe *p, uint64_t t1)
         atomic_fetch_add(&wall_exempt, 1);
         return;
     }
-    if (drains_walks(p->name, rules[p->row].rule) && drains_flush(w, t1)) {
+    if (drains_walks(p->name, rules[p->row].rule) && drains_flush(w, p->t0, t1)) {
         atomic_fetch_add(&drain_exempt, 1);
         return;
     }
@@ -712,6 +719,8 @@ static void judge_wall(struct worker *w, const struct probe *p, uint64_t t1)
 static void probe_end(struct worker *w, struct probe *p, CUresult rc, bool allowed)
 {
     uint64_t t1 = hx_now_ns();
+    if (atomic_load(&w->may_flush_since) && t1 - p->t0 >= DRAIN_SLACK_NS)
+        atomic_store(&w->long_flush_end, t1);
     atomic_store(&w->may_flush_since, 0);
     uint64_t dwait = testdrv_thread_wait_calls() - p->wait_calls;
     uint64_t dblocked = testdrv_thread_blocked_ns() - p->blocked_ns;
@@ -854,29 +863,33 @@ static void note_managed_release(struct worker *w, const struct obj *o)
 }
 
 /* Whether this thread released a managed block of n bytes in c that it has
- * not got back, in epoch `since` or later (the one at d, else the oldest;
- * it is forgotten). The allocation, begun in epoch `since`, may then have
- * waited for it: for its context's part of its fence (whose kernels are
- * the ones running at the release: those of an earlier epoch had ended
- * when this one began), and cudefer may still have given a new block when
- * the other contexts' part had not passed. */
+ * not got back, in epoch `since` or later. The allocation, begun in epoch
+ * `since`, may then have waited for it: for its context's part of its
+ * fence (whose kernels are the ones running at the release: those of an
+ * earlier epoch had ended when this one began), and cudefer may still
+ * have given a new block when the other contexts' part had not passed.
+ * The debt that goes is the block's at d if this thread released it (in
+ * any epoch: a reuse of an older block is no wait, and leaves the newer
+ * debts for the allocations that may wait for them; property-long, seed
+ * 3, failed an allocation that waited for a block whose debt an earlier
+ * reuse of an older one had taken), else the oldest that counts. */
 static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdeviceptr d, long since)
 {
-    int count = w->ndebts < DEBTS ? w->ndebts : DEBTS, found = -1;
+    int count = w->ndebts < DEBTS ? w->ndebts : DEBTS, mine = -1, oldest = -1;
     for (int k = 0; k < count; k++) {
         int i = (w->ndebts - count + k) % DEBTS; /* oldest first */
         struct debt *b = &w->debts[i];
-        if (!b->d || b->ctx != c || b->bytes != n || b->epoch < since)
+        if (!b->d || b->ctx != c || b->bytes != n)
             continue;
-        if (b->d == d || found < 0)
-            found = i;
-        if (b->d == d)
-            break;
+        if (b->d == d && mine < 0)
+            mine = i;
+        if (b->epoch >= since && oldest < 0)
+            oldest = i;
     }
-    if (found < 0)
-        return false;
-    w->debts[found].d = 0;
-    return true;
+    int gone = mine >= 0 ? mine : oldest;
+    if (gone >= 0)
+        w->debts[gone].d = 0;
+    return oldest >= 0;
 }
 
 static const char image[] = "// any image loads in the test driver\n";

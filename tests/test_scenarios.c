@@ -214,13 +214,16 @@ Test(scenarios, registration_makes_only_the_unregister_it_overlaps, .timeout = 2
     char *mine = pages, *theirs = pages + 4096;
     CUcontext second;
     CU_OK(cuCtxCreate(&second, NULL, 0, device0()));
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
     CU_OK(cuMemHostRegister(theirs, 4096, 0));
     CU_OK(cuMemHostUnregister(theirs)); /* pending in the second context */
-    struct spin sp;
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
     CU_OK(cuCtxSetCurrent(first));
     CU_OK(cuMemHostRegister(mine, 4096, 0));
     CU_OK(cuMemHostUnregister(mine)); /* pending in the first */
+    CU_OK(cuCtxSetCurrent(second));
+    struct spin sp;
+    spin_start(&sp, s);
+    CU_OK(cuCtxSetCurrent(first));
 
     struct meter m = meter_start();
     CUresult rc = cuMemHostRegister(mine, 4096, 0);
@@ -240,6 +243,41 @@ Test(scenarios, registration_makes_only_the_unregister_it_overlaps, .timeout = 2
     CU_OK(cuCtxSynchronize());
     CU_OK(cuCtxDestroy(second));
     free(pages);
+}
+
+/* An unregister waits for the work before it in its own context, and for
+ * at most a few milliseconds more for other contexts' (their kernels can
+ * write the pages; the driver's unregister does not wait for them): here
+ * another context's kernel waits for the unregistering thread, which sets
+ * its flag once the unregister has returned. It waited for the kernel,
+ * which waited for it: until the watchdog, for ever on a GPU. */
+Test(scenarios, unregister_beside_another_contexts_kernel_that_waits_for_it, .timeout = 20)
+{
+    CUcontext first = test_context();
+    char *page = aligned_alloc(4096, 4096);
+    cr_assert_not_null(page);
+    CUcontext second;
+    CU_OK(cuCtxCreate(&second, NULL, 0, device0()));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    CU_OK(cuCtxSetCurrent(first));
+    CU_OK(cuMemHostRegister(page, 4096, 0));
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemHostUnregister(page);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_SUCCESS);
+    cr_expect_eq(flag_then, 0, "the watchdog had let the other context's kernel go: the "
+                 "unregister waited %llu ms for it", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the unregister took %llu ms",
+                 (unsigned long long)(took / MS));
+    /* The pages can be registered again at once. */
+    cr_expect_eq(cuMemHostRegister(page, 4096, 0), CUDA_SUCCESS);
+    cr_expect_eq(cuMemHostUnregister(page), CUDA_SUCCESS);
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(second));
+    free(page);
 }
 
 /* ==== 9.2 No hidden waits ==================================================== */

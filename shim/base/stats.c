@@ -119,14 +119,17 @@ static void print_text(void)
                "captures kept other contexts' records from being made); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
                "thread released); looks at released blocks the fences' words answered: %llu; "
-               "unregisters that waited: %llu (%.3f ms)\n",
+               "unregisters that waited: %llu (%.3f ms; %llu then made with the driver's "
+               "own call: another context's work still ran, or a capture kept its record from "
+               "being made)\n",
                (unsigned long long)cd_stats.reclaims, (unsigned long long)cd_stats.reclaims_waited,
                (unsigned long long)cd_stats.far_skipped,
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.debt_waits,
                (unsigned long long)cd_stats.word_answers,
                (unsigned long long)cd_stats.unregister_waits,
-               (double)cd_stats.unregister_wait_ns / 1e6);
+               (double)cd_stats.unregister_wait_ns / 1e6,
+               (unsigned long long)cd_stats.unregister_passed);
     cd_log_raw("cudefer:   peak deferred bytes: %lld; peak cached device bytes: %lld; "
                "peak device bytes the program held: %lld\n",
                (long long)cd_stats.peak_deferred_bytes,
@@ -242,6 +245,7 @@ static void write_json(const char *path)
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
             "  \"reuse_word_answers\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
+            "  \"unregisters_by_the_driver\": %llu,\n"
             "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
             "  \"peak_program_device_bytes\": %lld\n}\n",
             (unsigned long long)(cd_stats.reclaims + cd_stats.reclaims_waited),
@@ -251,7 +255,8 @@ static void write_json(const char *path)
             (unsigned long long)cd_stats.debt_waits,
             (unsigned long long)cd_stats.word_answers,
             (unsigned long long)cd_stats.unregister_waits,
-            (double)cd_stats.unregister_wait_ns / 1e6, (long long)cd_stats.peak_deferred_bytes,
+            (double)cd_stats.unregister_wait_ns / 1e6,
+            (unsigned long long)cd_stats.unregister_passed, (long long)cd_stats.peak_deferred_bytes,
             (long long)cd_stats.peak_cached_device_bytes,
             (long long)cd_stats.peak_program_device_bytes);
     fclose(f);

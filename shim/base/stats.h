@@ -46,6 +46,10 @@ struct cd_stats {
                                                   same thread released (cache.c) */
     _Atomic uint64_t unregister_waits;         /* unregisters that waited for work */
     _Atomic uint64_t unregister_wait_ns;
+    _Atomic uint64_t unregister_passed;        /* unregisters made with the driver's own
+                                                  call after waiting: another context's
+                                                  work still ran, or a capture kept its
+                                                  record from being made (retire.c) */
     _Atomic uint64_t flushes[CD_FLUSH_REASON_COUNT];
     _Atomic uint64_t reclaims;                 /* allocations retried, no waiting */
     _Atomic uint64_t reclaims_waited;          /* retried after waiting for the GPU */

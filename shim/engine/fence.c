@@ -370,13 +370,16 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c)
 /* How long only ending contexts may hold a wait that gives up back. */
 #define FAR_GIVE_UP_NS 5000000
 
-enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up)
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
+                                   uint64_t deadline)
 {
     uint64_t held_since = 0;
     for (unsigned i = 0;; i++) {
         struct far_ask a = {far, false, false};
         if (far_passed(c, &a))
             return CD_FAR_PASSED;
+        if (deadline && cd_now_ns() >= deadline)
+            return CD_FAR_LATE;
         if (give_up && a.ending) {
             uint64_t now = cd_now_ns();
             if (!held_since)

@@ -109,6 +109,7 @@ enum cd_far_wait {
     CD_FAR_PASSED,   /* the other contexts' part has passed */
     CD_FAR_HELD,     /* held back by ending contexts or records to be made */
     CD_FAR_CAPTURED, /* held back only by records that captures kept from being made */
+    CD_FAR_LATE,     /* not passed by the deadline */
 };
 
 /* WAITS until the other contexts' part of a fence made in c has passed
@@ -121,8 +122,11 @@ enum cd_far_wait {
  * records have held the wait back for 5 ms, it returns CD_FAR_HELD, or
  * CD_FAR_CAPTURED when at the last look only marked records held it back,
  * each in a context where the waiter found a capture live (cd_fence_fill_held).
- * In the relaxed capture mode, or inside the gate. */
-enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up);
+ * With deadline (cd_now_ns; 0: none), it returns CD_FAR_LATE once the
+ * deadline has passed first. In the relaxed capture mode, or inside the
+ * gate. */
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
+                                   uint64_t deadline);
 /* Destroys the events of c's ring that no record uses (up to CD_FAR_RING
  * stay made between flushes: cudefer_flush leaves none). c entered. Does
  * not wait. */

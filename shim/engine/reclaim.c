@@ -212,7 +212,7 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_
      * uses under way): after a few milliseconds, what it holds back goes
      * back on the books for a later flush. */
     uint64_t need = far_of(&list);
-    enum cd_far_wait far_rc = need ? cd_fence_far_wait(c, need, true) : CD_FAR_PASSED;
+    enum cd_far_wait far_rc = need ? cd_fence_far_wait(c, need, true, 0) : CD_FAR_PASSED;
     if (far_rc == CD_FAR_CAPTURED && (why == CD_FLUSH_OOM || why == CD_FLUSH_REGISTER)) {
         /* Only records that live captures keep from being made hold them
          * back, and the thread that captures may be one that waits for

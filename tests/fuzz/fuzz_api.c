@@ -1453,8 +1453,14 @@ static void op_release(struct input *in)
     struct nowait m;
     if (call == R_UNREGISTER) {
         /* May wait for the work submitted before it: the kernels that wait
-         * for the host are released first. */
+         * for the host are released first. The program waits itself for
+         * the kernels of other contexts that write the pages, as it must
+         * without cudefer (the driver's unregister does not wait for them,
+         * cudefer's for 5 ms at most: README, limits). */
         spin_stop();
+        for (int k = 0; live && live->kind == K_REGISTERED && k < 4; k++)
+            if (live->ev[k] && live->ev_ctx[k] != live->ctx)
+                expect_rc("cuEventSynchronize", cuEventSynchronize(live->ev[k]), CUDA_SUCCESS);
         got = do_release(call, key);
     } else {
         /* The release of a live object must not reach a waiting call of the
