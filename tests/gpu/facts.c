@@ -47,6 +47,13 @@
  *                for), the pool's reuse attributes, and whether a block
  *                freed behind a running kernel comes back, on the same
  *                stream or another, while that kernel still writes it
+ *   xctx         whether a kernel of another context of the same device can
+ *                write memory of the primary context: pages registered
+ *                there (DEVICEMAP, with and without PORTABLE), pageable
+ *                pages never registered, cuMemAllocHost and cuMemAlloc
+ *                memory; and whether the driver's cuMemHostUnregister of
+ *                PORTABLE pages waits for another context's kernel that
+ *                writes them (what an unregister must wait for)
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -1237,6 +1244,118 @@ static int fact_hostpool(void)
     return 0;
 }
 
+/* ---- memory of one context written by another's kernel ------------------ */
+
+/* A new context of device 0, its kernels loaded, left current. */
+static CUcontext other_context(struct gc_kernels *k)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    GC_CHECK(cuDeviceGet(&dev, 0));
+    GC_CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    gc_load_kernels(k);
+    return ctx;
+}
+
+/* A kernel of a new context writes 16 words at ptr; host (may be NULL) is
+ * where the host sees them. Prints what the kernel's synchronisation
+ * answered and how many words changed. The primary context is current
+ * again afterwards. */
+static void written_from_other(const char *what, CUcontext primary, CUdeviceptr ptr,
+                               volatile uint32_t *host)
+{
+    if (host)
+        for (int i = 0; i < 16; i++)
+            host[i] = 0;
+    struct gc_kernels k;
+    CUcontext ctx = other_context(&k);
+    CUresult launch = gc_touch(&k, NULL, ptr, 16);
+    CUresult sync = cuCtxSynchronize();
+    int changed = 0;
+    for (int i = 0; host && i < 16; i++)
+        changed += host[i] != 0;
+    printf("RESULT xctx_write memory=%s launch_rc=%s sync_rc=%s words_changed=%d\n", what,
+           gc_rc(launch), gc_rc(sync), host ? changed : -1);
+    fflush(stdout);
+    cuCtxDestroy(ctx);
+    GC_CHECK(cuCtxSetCurrent(primary));
+}
+
+static int fact_xctx(void)
+{
+    CUcontext primary = gc_init();
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    static const struct {
+        const char *name;
+        CUdevice_attribute a;
+    } attrs[] = {
+        {"unified_addressing", CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING},
+        {"pageable_memory_access", CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS},
+        {"pageable_uses_host_page_tables",
+         CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES},
+        {"host_pointer_for_registered_mem",
+         CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM},
+    };
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        int v = -1;
+        CUresult rc = cuDeviceGetAttribute(&v, attrs[i].a, dev);
+        printf("RESULT xctx_attribute name=%s rc=%s value=%d\n", attrs[i].name, gc_rc(rc), v);
+    }
+    uint32_t *pages = gc_xpages(4 * 4096);
+    static const struct {
+        const char *name;
+        unsigned flags;
+    } regs[] = {
+        {"registered", CU_MEMHOSTREGISTER_DEVICEMAP},
+        {"registered_portable", CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        uint32_t *page = pages + i * 1024;
+        GC_CHECK(cuMemHostRegister(page, 4096, regs[i].flags));
+        CUdeviceptr d = 0;
+        GC_CHECK(cuMemHostGetDevicePointer(&d, page, 0));
+        written_from_other(regs[i].name, primary, d, page);
+        GC_CHECK(cuMemHostUnregister(page));
+    }
+    void *h;
+    GC_CHECK(cuMemAllocHost(&h, 4096));
+    written_from_other("alloc_host", primary, (CUdeviceptr)(uintptr_t)h, h);
+    GC_CHECK(cuMemFreeHost(h));
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, 4096));
+    written_from_other("device", primary, d, NULL);
+    GC_CHECK(cuMemFree(d));
+
+    /* The driver's unregister in the primary context while a 300 ms kernel
+     * of another context writes the PORTABLE pages. */
+    uint32_t *page = pages + 3 * 1024;
+    GC_CHECK(cuMemHostRegister(page, 4096,
+                               CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    struct gc_kernels k;
+    CUcontext ctx = other_context(&k);
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    GC_CHECK(gc_spin(&k, s, 300.0, (CUdeviceptr)(uintptr_t)page, 16));
+    gc_sleep_ms(20);
+    CUresult running = cuStreamQuery(s);
+    GC_CHECK(cuCtxSetCurrent(primary));
+    double t0 = gc_now_ms();
+    CUresult un = cuMemHostUnregister(page);
+    double un_ms = gc_now_ms() - t0;
+    GC_CHECK(cuCtxSetCurrent(ctx));
+    CUresult sync = cuCtxSynchronize();
+    printf("RESULT xctx_unregister_beside_other_kernel kernel_running=%d unregister_rc=%s "
+           "unregister_ms=%.3f other_sync_rc=%s\n", running == CUDA_ERROR_NOT_READY, gc_rc(un),
+           un_ms, gc_rc(sync));
+    cuCtxDestroy(ctx);
+    GC_CHECK(cuCtxSetCurrent(primary));
+    /* Last: a fault here ends every context of the device. */
+    written_from_other("pageable", primary, (CUdeviceptr)(uintptr_t)(pages + 2 * 1024),
+                       pages + 2 * 1024);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1247,7 +1366,7 @@ int main(int argc, char **argv)
         {"managed", fact_managed}, {"pinned", fact_pinned},         {"fence", fact_fence},
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
         {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
-        {"sizes", fact_sizes},     {"hostpool", fact_hostpool},
+        {"sizes", fact_sizes},     {"hostpool", fact_hostpool}, {"xctx", fact_xctx},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
