@@ -304,6 +304,41 @@ Test(scenarios, no_hidden_wait_after_pinned_memory_over_the_limit, .timeout = 20
     CU_OK(cuCtxSynchronize());
 }
 
+/* An allocation short of memory takes back what cudefer holds, waiting for
+ * the work before each release: in its own context without bound, as the
+ * driver's release did at the release, and in the other contexts for a
+ * few milliseconds (their kernels can use the memory; the driver's release
+ * does not wait for them). Here another context's kernel waits for the
+ * allocating thread. */
+Test(scenarios, out_of_memory_beside_another_contexts_kernel_that_waits_for_it, .timeout = 20)
+{
+    CUcontext first = test_context();
+    CUcontext second;
+    CU_OK(cuCtxCreate(&second, NULL, 0, device0()));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    CU_OK(cuCtxSetCurrent(first));
+    testdrv_set_device_capacity(program_live_bytes(TESTDRV_DEVICE) + 64 * MIB);
+    CUdeviceptr d, e = 0;
+    CU_OK(cuMemAlloc(&d, 48 * MIB));
+    CU_OK(cuMemFree(d)); /* its fence has a record behind the other kernel */
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemAlloc(&e, 32 * MIB);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_SUCCESS, "the allocation answered %d after %llu ms", (int)rc,
+                 (unsigned long long)(took / MS));
+    cr_expect_eq(flag_then, 0, "the watchdog had let the other context's kernel go: the "
+                 "allocation waited %llu ms for it", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(e));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(second));
+}
+
+
 Test(scenarios, no_hidden_wait_with_a_cached_block_of_another_size, .timeout = 20)
 {
     test_context();

@@ -56,7 +56,8 @@ struct cd_stats {
     _Atomic uint64_t far_skipped;              /* out-of-memory flushes that released
                                                   entries after their own context's work
                                                   only: captures kept other contexts'
-                                                  records from being made (reclaim.c) */
+                                                  records from being made, or their work
+                                                  still ran after 5 ms (reclaim.c) */
     _Atomic int64_t deferred_bytes;            /* now, all contexts */
     _Atomic int64_t peak_deferred_bytes;
     _Atomic int64_t cached_device_bytes;       /* now, all contexts */

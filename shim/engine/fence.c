@@ -367,9 +367,6 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c)
     return floor;
 }
 
-/* How long only ending contexts may hold a wait that gives up back. */
-#define FAR_GIVE_UP_NS 5000000
-
 enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
                                    uint64_t deadline)
 {
@@ -384,7 +381,7 @@ enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
             uint64_t now = cd_now_ns();
             if (!held_since)
                 held_since = now;
-            else if (now - held_since > FAR_GIVE_UP_NS)
+            else if (now - held_since > CD_FAR_GIVE_UP_NS)
                 return a.uncaught ? CD_FAR_HELD : CD_FAR_CAPTURED;
         } else {
             held_since = 0;

@@ -170,19 +170,44 @@ static uint64_t far_floor(struct cd_ctx *c)
     return far;
 }
 
-/* Releases the entries of c that take picks (take.far is set here):
- * device blocks through cuMemFreeAsync behind their fence, the others with
- * the driver's release. A synchronisation (why CD_FLUSH_SYNC) leaves the
- * entries whose other contexts' records have not passed: the program
- * waited for its context only. Other flushes WAIT for those records. With
- * settle, WAITS until c's frees in flight have given the memory back.
- * Returns whether there was anything to do. MAY WAIT. */
-static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_take take,
-                          bool settle, bool *held)
+/* A flush: why, what it takes in each context, whether it settles the
+ * frees in flight, until when it waits for the other contexts' records of
+ * the fences (far_deadline, cd_now_ns; 0: for as long as they take), and
+ * what it found. */
+struct flush {
+    enum cd_flush_reason why;
+    struct cd_take take;
+    bool settle;
+    uint64_t far_deadline;
+    bool any;  /* there was something to do */
+    bool held; /* ending contexts held entries back */
+};
+
+/* Other contexts' kernels can use the memory a context released (they
+ * write its registered pages, its pinned and its device memory: run 95),
+ * so a flush that may wait waits for their records of the fences. The
+ * driver's own releases did not wait for other contexts, and a kernel of
+ * another context may wait for the very thread that waits: an allocation
+ * short of memory waits for those records until OOM_FAR_NS after it began
+ * (CD_FAR_GIVE_UP_NS at least), a registration over a pending unregister
+ * CD_FAR_GIVE_UP_NS; past that, the entries are released after their own
+ * context's work, as the driver's release did. */
+#define OOM_FAR_NS 100000000ull
+
+/* Releases the entries of c that f->take picks: device blocks through
+ * cuMemFreeAsync behind their fence, the others with the driver's release.
+ * A synchronisation (why CD_FLUSH_SYNC) leaves the entries whose other
+ * contexts' records have not passed: the program waited for its context
+ * only. Other flushes WAIT for those records (until f->far_deadline). With
+ * f->settle, WAITS until c's frees in flight have given the memory back.
+ * Notes in f whether there was anything to do. MAY WAIT. */
+static void flush_context(struct cd_ctx *c, struct flush *f)
 {
+    enum cd_flush_reason why = f->why;
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
+    struct cd_take take = f->take;
     take.far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
     /* A context with a sticky error keeps its entries for its destruction:
      * every release in it would fail. */
@@ -196,12 +221,13 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_
     size_t n = atomic_load(&c->sticky)
                    ? 0
                    : cd_books_take_all(c, &take, &kept, &list);
-    bool frees = settle && cd_waiter_pending(c);
+    bool frees = f->settle && cd_waiter_pending(c);
     cd_books_transit((long long)n);
     if (!n && !frees) {
         cd_books_transit(-1);
-        return false;
+        return;
     }
+    f->any = true;
     atomic_fetch_add(&cd_stats.flushes[why], 1);
     cd_range_push(why == CD_FLUSH_OOM ? "cudefer: flush (out of memory)" : "cudefer: flush");
     struct cd_scope sc;
@@ -212,28 +238,31 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_
      * uses under way): after a few milliseconds, what it holds back goes
      * back on the books for a later flush. */
     uint64_t need = far_of(&list);
-    enum cd_far_wait far_rc = need ? cd_fence_far_wait(c, need, true, 0) : CD_FAR_PASSED;
-    if (far_rc == CD_FAR_CAPTURED && (why == CD_FLUSH_OOM || why == CD_FLUSH_REGISTER)) {
-        /* Only records that live captures keep from being made hold them
-         * back, and the thread that captures may be one that waits for
-         * this allocation's memory (tests/race.c: stalls of 6-54 s): they are
-         * released after their own context's work, as the driver's own
-         * release would have waited for. Other contexts' kernels that
-         * still use them are not waited for, as without cudefer. A
-         * registration over a pending unregister (CUDEFER_REGISTERED=defer)
-         * does the same: held back, it would answer
-         * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for pages the program
-         * unregistered. */
+    enum cd_far_wait far_rc =
+        need ? cd_fence_far_wait(c, need, true, f->far_deadline) : CD_FAR_PASSED;
+    bool bounded = why == CD_FLUSH_OOM || why == CD_FLUSH_REGISTER;
+    if (bounded && (far_rc == CD_FAR_CAPTURED || far_rc == CD_FAR_LATE)) {
+        /* Records that live captures keep from being made, or other
+         * contexts' work still running: the thread that captures, or a
+         * kernel of another context, may be waiting for this very thread
+         * (tests/race.c: stalls of 6-54 s; a kernel that waits for the
+         * host, tests/test_scenarios.c). The entries are released after
+         * their own context's work, as the driver's own release would have
+         * waited for; other contexts' kernels that still use them are not
+         * waited for, as without cudefer (their kernels fault where it
+         * unmapped the memory). A registration over a pending unregister
+         * would otherwise answer CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+         * for pages the program unregistered. */
         if (why == CD_FLUSH_OOM)
             atomic_fetch_add(&cd_stats.far_skipped, 1);
         cd_log(CD_LOG_INFO, "%s: entries of context %p released without waiting for other "
-               "contexts' work (a capture keeps its record from being made)",
+               "contexts' work (%s)",
                why == CD_FLUSH_OOM ? "out of memory" : "a registration over a pending unregister",
-               (void *)atomic_load(&c->handle));
+               (void *)atomic_load(&c->handle),
+               far_rc == CD_FAR_LATE ? "it still ran" : "a capture keeps its record from being made");
     } else if (far_rc != CD_FAR_PASSED) {
         requeue_unpassed(c, &list);
-        if (held)
-            *held = true;
+        f->held = true;
     }
     int released = 0;
     /* Device blocks first: their frees do not wait, and their memory is
@@ -287,39 +316,24 @@ static bool flush_context(struct cd_ctx *c, enum cd_flush_reason why, struct cd_
     cd_ctx_event_trim(c, why != CD_FLUSH_SYNC);
     cd_scope_leave(&sc);
     cd_books_transit(-(long long)n - 1);
-    if (settle)
+    if (f->settle)
         cd_waiter_settle(c, true);
     cd_range_pop();
     cd_log(CD_LOG_INFO, "flush (%s) of context %p: %zu entries, %d released with the driver's "
            "calls, %lld bytes kept for reuse", cd_flush_reason_name(why),
            (void *)atomic_load(&c->handle), n, released, kept);
-    return true;
 }
-
-struct flush_all {
-    enum cd_flush_reason why;
-    struct cd_take take;
-    bool settle;
-    bool any;
-    bool held; /* ending contexts held entries back (flush_context) */
-};
 
 static void flush_each(struct cd_ctx *c, void *arg)
 {
-    struct flush_all *f = arg;
     cd_ctx_warm_up(c);
-    f->any |= flush_context(c, f->why, f->take, f->settle, &f->held);
+    flush_context(c, arg);
 }
 
-/* Flushes what take picks in every context; *held (may be NULL): ending
- * contexts held entries back. MAY WAIT. */
-static bool flush_all(enum cd_flush_reason why, struct cd_take take, bool settle, bool *held)
+/* Makes f in every context. MAY WAIT. */
+static void flush_all(struct flush *f)
 {
-    struct flush_all f = {why, take, settle, false, false};
-    cd_ctx_each(flush_each, &f);
-    if (held)
-        *held = f.held;
-    return f.any;
+    cd_ctx_each(flush_each, f);
 }
 
 /* After a flush of everything: frees in flight settled, spare events
@@ -339,7 +353,8 @@ int cd_flush_all(void)
 {
     if (!cd_engine_on())
         return 0;
-    flush_all(CD_FLUSH_EXPLICIT, CD_TAKE_ALL(CD_ALL_KINDS), true, NULL);
+    struct flush f = {.why = CD_FLUSH_EXPLICIT, .take = CD_TAKE_ALL(CD_ALL_KINDS), .settle = true};
+    flush_all(&f);
     /* What other threads took off the books meanwhile (their flushes, the
      * waiter's evictions) is released or in flight once they are done. */
     if (!cd_books_transit_wait(60))
@@ -361,9 +376,9 @@ void cd_context_synchronized(CUcontext ctx)
      * blocks through cuMemFreeAsync (the waiter settles them), the rest
      * with the driver's releases. */
     cd_ctx_warm_up(c);
-    struct cd_take take = CD_TAKE_ALL(CD_ALL_KINDS);
-    take.keep = cd_option_int(CD_OPT_KEEP);
-    flush_context(c, CD_FLUSH_SYNC, take, false, NULL);
+    struct flush f = {.why = CD_FLUSH_SYNC, .take = CD_TAKE_ALL(CD_ALL_KINDS)};
+    f.take.keep = cd_option_int(CD_OPT_KEEP);
+    flush_context(c, &f);
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }
@@ -435,15 +450,19 @@ static void settle_each(struct cd_ctx *c, void *arg)
 
 /* Everything the engine holds goes back to the driver, but what ending
  * contexts hold back (*held_back). WAITS for the GPU. */
-static bool reclaim_waiting(const char *call, bool *held_back)
+static bool reclaim_waiting(const struct cd_alloc *a, bool *held_back)
 {
+    const char *call = a->call;
     if (!holds_anything())
         return false;
     cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
            "cudefer holds, then retrying", call);
     cd_range_push("cudefer: out of memory, waiting for released memory");
     cd_ctx_each(claims_wait, NULL);
-    flush_all(CD_FLUSH_OOM, CD_TAKE_ALL(CD_ALL_KINDS), true, held_back);
+    struct flush f = {.why = CD_FLUSH_OOM, .take = CD_TAKE_ALL(CD_ALL_KINDS), .settle = true,
+                      .far_deadline = cd_now_ns() + OOM_FAR_NS};
+    flush_all(&f);
+    *held_back = f.held;
     /* Entries another thread's flush holds at this moment come back when
      * its releases end; then their frees are settled too. */
     if (!cd_books_transit_wait(60))
@@ -521,7 +540,7 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
      * before the retry is taken back too. */
     a->level++;
     bool held = false;
-    if (!reclaim_waiting(a->call, &held)) {
+    if (!reclaim_waiting(a, &held)) {
         /* Nothing held now; what another thread settled since the ask is
          * back with the driver. */
         return recheck(a);
@@ -552,11 +571,13 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
     struct cd_take only = {.mask = 1u << CD_REGISTERED, .far = UINT64_MAX, .lo = lo, .hi = hi};
     bool any = false;
     for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
-        bool held = false;
-        any |= flush_all(CD_FLUSH_REGISTER, only, false, &held);
+        struct flush f = {.why = CD_FLUSH_REGISTER, .take = only,
+                          .far_deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS};
+        flush_all(&f);
+        any |= f.any;
         /* Entries an ending context held back are on the books again:
          * the next round takes them (the flush gave them 5 ms). */
-        if (!held && cd_books_registered_wait(lo, hi, 1000))
+        if (!f.held && cd_books_registered_wait(lo, hi, 1000))
             break;
     }
     if (cd_books_registered_overlap(lo, hi))
@@ -583,7 +604,11 @@ bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
      * driver's answer stands, at once, as it would without cudefer (a flush
      * here would wait for the GPU). Only a pending unregister whose range
      * could not be noted may be the one in the way: then they all go. */
-    if (cd_books_registered_unnoted())
-        any |= flush_all(CD_FLUSH_REGISTER, CD_TAKE_ALL(1u << CD_REGISTERED), false, NULL);
+    if (cd_books_registered_unnoted()) {
+        struct flush f = {.why = CD_FLUSH_REGISTER, .take = CD_TAKE_ALL(1u << CD_REGISTERED),
+                          .far_deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS};
+        flush_all(&f);
+        any |= f.any;
+    }
     return any;
 }

@@ -289,29 +289,23 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     return true;
 }
 
-/* How long, once its own context's work before it has finished, an
- * unregister waits for the other contexts' work before it. Their kernels
- * can write a context's registered pages, PORTABLE or not, and the
- * driver's own unregister does not wait for them: it returned in 0.2 ms
- * beside another context's kernel writing the pages, which then faulted
- * (bench/RESULTS.md, run 94). So a program that works without cudefer has
- * no such kernel, and one of them may wait for this very thread (the GPU
- * check hidden-wait, case register-over: cudefer's unregister waited for
- * it for ever). Past the bound the driver's own unregister is made. */
-#define UNREGISTER_FAR_NS 5000000ull
-
 /* A registration's release: the pages are the program's once it returns,
  * so it WAITS until the work submitted before it has finished (not for work
  * submitted after it, and holding nothing another thread needs: other
  * threads' launches go on): its own context's, and for at most
- * UNREGISTER_FAR_NS more the other contexts'. The driver's own unregister,
- * which would wait for everything and stall every launch, is deferred; it
- * is made at once when the other contexts' work has not ended by then, or
- * a live capture keeps another context's record of the fence from being
- * made (5 ms after the rest of the fence passed): it waits for its own
- * context's work and unmaps the pages, so that another context's kernel
- * that still uses them faults rather than writing pages the program has
- * back, as without cudefer. */
+ * CD_FAR_GIVE_UP_NS more the other contexts'. Their kernels can write a
+ * context's registered pages, PORTABLE or not, and the driver's own
+ * unregister does not wait for them: it returned in 0.2 ms beside another
+ * context's kernel writing the pages, which then faulted (bench/RESULTS.md,
+ * run 95); one of them may wait for this very thread (the GPU check
+ * hidden-wait, case register-over: this waited for it for ever). The
+ * driver's own unregister, which would wait for everything and stall every
+ * launch, is deferred; it is made at once when the other contexts' work
+ * has not ended by then, or a live capture keeps another context's record
+ * of the fence from being made (5 ms after the rest of the fence passed):
+ * it waits for its own context's work and unmaps the pages, so that
+ * another context's kernel that still uses them faults rather than
+ * writing pages the program has back, as without cudefer. */
 static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
 {
     const struct cd_driver_ops *ops = cd_driver_ops();
@@ -345,7 +339,7 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
         ops->event_synchronize(r->done);
         /* Ending contexts end: their records are waited for, up to the
          * bound. */
-        uint64_t deadline = cd_now_ns() + UNREGISTER_FAR_NS;
+        uint64_t deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS;
         while ((far = cd_fence_far_wait(c, r->far, true, deadline)) == CD_FAR_HELD)
             ;
         cd_range_pop();
