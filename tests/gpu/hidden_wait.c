@@ -35,6 +35,15 @@
  *                   page's pending unregister first, and must not make the
  *                   other context's, whose driver unregister waits for all
  *                   of that context's work, the flag kernel included
+ *   oom-other       the flag kernel runs in the second context; the primary
+ *                   context allocates a block of an eighth of the free
+ *                   memory, then smaller blocks until the device is full,
+ *                   and releases the first block (with cudefer its fence
+ *                   has a record of the second context, behind the flag
+ *                   kernel); the measured call is cuMemAlloc of half that
+ *                   block's size: out of memory but for that block. The driver freed it at its release (its own
+ *                   context was idle); cudefer must give it back without
+ *                   waiting for the other context's kernel for long
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
@@ -137,6 +146,49 @@ static CUresult register_mine(void)
     return cuMemHostRegister(pages, 4096, 0);
 }
 
+/* The blocks that fill the device in oom-other, and the one it measures. */
+#define FILLERS 512
+static CUdeviceptr fillers[FILLERS], big;
+static int nfillers;
+
+static size_t big_bytes;
+
+/* An eighth of the free memory (17 GiB on an H200), then blocks of a
+ * quarter and a sixty-fourth of that until the device is full; the first
+ * block released. */
+static void fill_then_release(void)
+{
+    size_t free_bytes = 0, total = 0;
+    GC_CHECK(cuMemGetInfo(&free_bytes, &total));
+    size_t x_bytes = free_bytes / 8 / (2 * GC_MIB) * (2 * GC_MIB);
+    big_bytes = x_bytes / 2;
+    CUdeviceptr x;
+    GC_CHECK(cuMemAlloc(&x, x_bytes));
+    size_t sizes[] = {x_bytes / 4, x_bytes / 64};
+    for (int k = 0; k < 2; k++)
+        while (nfillers < FILLERS && cuMemAlloc(&fillers[nfillers], sizes[k]) == CUDA_SUCCESS)
+            nfillers++;
+    GC_CHECK(cuMemFree(x));
+}
+
+static CUresult allocate_big(void)
+{
+    return cuMemAlloc(&big, big_bytes);
+}
+
+/* What the measured call left to undo, once the flag kernel has ended. */
+static void undo(CUresult (*measured)(void), CUresult rc)
+{
+    if (measured == register_mine && rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemHostUnregister(pages));
+    if (measured == allocate_big) {
+        if (rc == CUDA_SUCCESS)
+            GC_CHECK(cuMemFree(big));
+        while (nfillers > 0)
+            GC_CHECK(cuMemFree(fillers[--nfillers]));
+    }
+}
+
 /* The second context's part of register-over, before its kernel: a page
  * unregistered while it is idle. */
 static void unregister_theirs(void)
@@ -181,8 +233,7 @@ static int in_the_other_context(const char *name, CUcontext ctx2, void (*set_up)
     GC_CHECK(cuModuleUnload(k2.module));
     GC_CHECK(cuCtxPopCurrent(&popped));
     GC_CHECK(cuCtxDestroy(ctx2));
-    if (measured == register_mine && rc == CUDA_SUCCESS)
-        GC_CHECK(cuMemHostUnregister(pages));
+    undo(measured, rc);
     GC_CHECK(cuStreamDestroy(stream));
     GC_CHECK(cuModuleUnload(kernels.module));
     gc_fini();
@@ -193,20 +244,21 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync|"
-               "register-over>");
+               "register-over|oom-other>");
     const char *name = argv[1];
     bool pinned = strcmp(name, "pinned") == 0;
     bool cache = strcmp(name, "device-cache") == 0;
     bool other = strcmp(name, "second-context") == 0;
     bool xsync = strcmp(name, "other-context-sync") == 0;
     bool reg = strcmp(name, "register-over") == 0;
-    if (!pinned && !cache && !other && !xsync && !reg)
+    bool oom = strcmp(name, "oom-other") == 0;
+    if (!pinned && !cache && !other && !xsync && !reg && !oom)
         gc_die("unknown case '%s'", name);
 
     gc_init();
     gc_load_kernels(&kernels);
     GC_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    if (!xsync && !reg)
+    if (!xsync && !reg && !oom)
         gc_flag_init(&flag);
     /* Warm-up: the first launch on the stream, a first allocation. */
     CUdeviceptr warm;
@@ -216,7 +268,7 @@ int main(int argc, char **argv)
     GC_CHECK(cuMemFree(warm));
     GC_CHECK(cuCtxSynchronize());
 
-    CUcontext ctx2 = other || xsync || reg ? second_context() : NULL;
+    CUcontext ctx2 = other || xsync || reg || oom ? second_context() : NULL;
     if (pinned || other)
         free_pinned_while_idle();
     if (cache)
@@ -226,6 +278,8 @@ int main(int argc, char **argv)
     if (reg)
         return in_the_other_context(name, ctx2, unregister_theirs, unregister_mine,
                                     register_mine);
+    if (oom)
+        return in_the_other_context(name, ctx2, NULL, fill_then_release, allocate_big);
 
     bool waiting = start_flag_kernel(&kernels, stream);
     gc_flag_arm(&flag, WATCHDOG_MS);

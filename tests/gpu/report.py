@@ -566,7 +566,11 @@ def report_capture(res, summary):
 REGISTERED_LAUNCH_MS = 1.0     # the other thread's launch during the unregister
 HIDDEN_WAIT_MS = 100.0         # an allocation while the flag kernel waits
 HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync",
-                     "register-over")
+                     "register-over", "oom-other")
+# oom-other: an allocation short of memory waits up to 100 ms for other
+# contexts' work (shim/engine/reclaim.c, OOM_FAR_NS), then gives the memory
+# back; what it must not do is wait for the kernel that waits for it.
+HIDDEN_WAIT_OOM_MS = 1000.0
 CAPTURE_PTSZ_HELD_MIB = 256.0  # at most cudefer's device cache
 GREEN_HELD_MARGIN_MIB = 64.0   # above what the driver alone leaves
 QUIET_FRAMEWORKS = ("torch", "jax", "cupy")
@@ -705,7 +709,8 @@ def report_hidden_wait(res, summary):
             problems.append("the flag kernel was not running")
         if r.get("watchdog_fired") != "0":
             problems.append("the allocation waited for the kernel")
-        elif num(r, "alloc_ms", 1e9) >= HIDDEN_WAIT_MS:
+        elif num(r, "alloc_ms", 1e9) >= (HIDDEN_WAIT_OOM_MS if case == "oom-other"
+                                         else HIDDEN_WAIT_MS):
             problems.append("the allocation took %s ms" % fmt_ms(num(r, "alloc_ms")))
         return problems
 
@@ -715,13 +720,15 @@ def report_hidden_wait(res, summary):
 
     rows, verdicts = case_table(res, "hidden_wait", "hidden-wait", HIDDEN_WAIT_CASES, judge,
                                 cells)
-    worst = worst_of(res, "hidden_wait", HIDDEN_WAIT_CASES, "alloc_ms")
+    worst = worst_of(res, "hidden_wait", HIDDEN_WAIT_CASES[:-1], "alloc_ms")
+    oom = worst_of(res, "hidden_wait", ("oom-other",), "alloc_ms")
     table("hidden-wait: an allocation while a kernel waits for the allocating thread",
           ("case", "mode", "alloc rc", "alloc ms", "kernel waiting", "watchdog fired",
            "verdict"), rows)
     add_verdicts(summary, "hidden-wait", verdicts,
-                 "shim: slowest allocation %s ms (goal: < %s ms, before the watchdog)" % (
-                     fmt_ms(worst), HIDDEN_WAIT_MS))
+                 "shim: slowest allocation %s ms (goal: < %s ms, before the watchdog); short "
+                 "of memory beside another context's waiting kernel %s ms (goal: < %s ms)" % (
+                     fmt_ms(worst), HIDDEN_WAIT_MS, fmt_ms(oom), HIDDEN_WAIT_OOM_MS))
 
 
 CONTEXTS_CASES = ("ctx_managed", "ctx_managed_sync", "ctx_hostmap", "ctx_hostmap_sync")
