@@ -116,8 +116,8 @@ static void print_text(void)
                    (unsigned long long)cd_stats.flushes[r]);
     cd_log_raw("cudefer:   allocations retried: %llu without waiting, %llu after waiting "
                "(%llu flushes of which released entries after their own context's work only: "
-               "captures kept other contexts' records from being made, or their work still ran "
-               "after 5 ms); "
+               "captures kept other contexts' records from being made, or their work outlasted "
+               "the wait's bound); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
                "thread released); looks at released blocks the fences' words answered: %llu; "
                "unregisters that waited: %llu (%.3f ms; %llu then made with the driver's "

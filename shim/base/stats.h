@@ -57,7 +57,7 @@ struct cd_stats {
                                                   entries after their own context's work
                                                   only: captures kept other contexts'
                                                   records from being made, or their work
-                                                  still ran after 5 ms (reclaim.c) */
+                                                  outlasted the wait's bound (reclaim.c) */
     _Atomic int64_t deferred_bytes;            /* now, all contexts */
     _Atomic int64_t peak_deferred_bytes;
     _Atomic int64_t cached_device_bytes;       /* now, all contexts */
