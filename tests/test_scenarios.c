@@ -1499,6 +1499,21 @@ static CUstream begin_relaxed_capture(CUcontext ctx, CUresult *rc, atomic_int *c
     return s;
 }
 
+/* Starts thread *c (fn(arg)), which sets *capturing once its capture is
+ * live; then lets the flush f and the release r of
+ * primary_release_waits_for_a_flush end, and gives the waiter a moment to
+ * find the capture in the way of the records marked meanwhile. */
+static void capture_while_the_release_ends(pthread_t *c, void *(*fn)(void *), void *arg,
+                                           atomic_int *capturing, pthread_t f, pthread_t r)
+{
+    cr_assert_eq(pthread_create(c, NULL, fn, arg), 0);
+    while (!atomic_load(capturing))
+        sleep_ms(1);
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    sleep_ms(20);
+}
+
 /* The end of the tests below: the capture ended well (end_rc) and no
  * capture was invalidated; m's second context goes; no call named a dead
  * context and no kernel faulted. */
@@ -1596,12 +1611,7 @@ Test(scenarios, out_of_memory_beside_a_capture_that_holds_back_a_record, .timeou
         CU_OK(cuMemAllocHost(&blocks[i], 4096));
     for (int i = 0; i < 64; i++)
         CU_OK(cuMemFreeHost(blocks[i]));
-    cr_assert_eq(pthread_create(&c, NULL, capture_then_allocate, &cm), 0);
-    while (!atomic_load(&cm.capturing))
-        sleep_ms(1);
-    pthread_join(f, NULL);
-    pthread_join(r, NULL);
-    sleep_ms(20); /* the waiter has found the capture in the way of the records */
+    capture_while_the_release_ends(&c, capture_then_allocate, &cm, &cm.capturing, f, r);
     /* Only what the released blocks hold is left for the allocation. */
     testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST));
     atomic_store(&cm.allocate, 1);
@@ -1705,12 +1715,7 @@ Test(scenarios, register_beside_a_capture_that_holds_back_a_record, .timeout = 6
     CU_OK(cuCtxSetCurrent(m->other));
     CU_OK(cuMemHostRegister(pages, sizeof pages, 0));
     CU_OK(cuMemHostUnregister(pages)); /* deferred: its record in the primary marked */
-    cr_assert_eq(pthread_create(&c, NULL, capture_until_registered, &cr), 0);
-    while (!atomic_load(&cr.capturing))
-        sleep_ms(1);
-    pthread_join(f, NULL);
-    pthread_join(r, NULL);
-    sleep_ms(20); /* the waiter has found the capture in the way of the record */
+    capture_while_the_release_ends(&c, capture_until_registered, &cr, &cr.capturing, f, r);
     uint64_t t0 = now_ns();
     cr.register_rc = cuMemHostRegister(pages, sizeof pages, 0);
     cr.register_ns = now_ns() - t0;

@@ -362,6 +362,12 @@ static void spin_stop(void)
     __atomic_store_n(&spin_gen, g + 1, __ATOMIC_RELAXED);
 }
 
+static bool judged_call(const char *what);
+
+/* The flag of kernels that wait for the caller of one call, in the other
+ * contexts (others_wait_for_me). */
+static volatile int mine_flag = 1;
+
 static void *spin_helper(void *arg)
 {
     (void)arg;
@@ -371,10 +377,42 @@ static void *spin_helper(void *arg)
         if (t && now_ns() - t > 1000000000u) {
             unsigned g = __atomic_load_n(&spin_gen, __ATOMIC_RELAXED);
             __atomic_store_n(&spin_flags[g % SPIN_FLAGS], 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&mine_flag, 1, __ATOMIC_RELAXED);
             atomic_store(&helper_fired, true);
         }
     }
     return NULL;
+}
+
+/* Before a call that may wait for its own context's work only (the driver
+ * would wait for nothing else): the kernels that wait for the host are
+ * released, and each other live context (but green ones, whose work is
+ * their primary context's) gets one that waits for this thread, which
+ * ends it once the call has returned (others_done). A call that waits for
+ * them is stuck until the helper lets them go after a second: the driver
+ * alone would have returned. Found by hand first: cuMemHostUnregister
+ * waited for ever for a kernel of another context that waited for its
+ * caller (bench/RESULTS.md, run 94). */
+static void others_wait_for_me(int own)
+{
+    /* A green context's memory is its primary context's (slot = device). */
+    int owner = own >= 0 && ctxs[own].green ? ctxs[own].dev : own;
+    spin_stop();
+    __atomic_store_n(&mine_flag, 0, __ATOMIC_RELAXED);
+    for (int c = 0; c < MAX_CTX; c++)
+        if (c != own && c != owner && ctxs[c].alive && !ctxs[c].green && spin_stream[c])
+            expect_rc("testdrv_launch_spin (waits for this thread)",
+                      testdrv_launch_spin(spin_stream[c], &mine_flag), CUDA_SUCCESS);
+    atomic_store(&helper_fired, false);
+}
+
+static void others_done(const char *what)
+{
+    bool fired = atomic_load(&helper_fired);
+    __atomic_store_n(&mine_flag, 1, __ATOMIC_RELAXED);
+    if (fired && judged_call(what))
+        FAIL("%s waited for a kernel of another context that waited for its caller (the "
+             "helper let it go after a second)", what);
 }
 
 static void spin_start(void)
@@ -1452,16 +1490,20 @@ static void op_release(struct input *in)
     CUresult got;
     struct nowait m;
     if (call == R_UNREGISTER) {
-        /* May wait for the work submitted before it: the kernels that wait
-         * for the host are released first. The program waits itself for
-         * the kernels of other contexts that write the pages, as it must
-         * without cudefer (the driver's unregister does not wait for them,
-         * cudefer's for 5 ms at most: README, limits). */
+        /* May wait for the work submitted before it in its context: the
+         * kernels that wait for the host are released first, and the other
+         * contexts get kernels that wait for this call to return. The
+         * program waits itself for the kernels of other contexts that write
+         * the pages, as it must without cudefer (the driver's unregister
+         * does not wait for them, cudefer's for 5 ms at most: README,
+         * limits). */
         spin_stop();
         for (int k = 0; live && live->kind == K_REGISTERED && k < 4; k++)
             if (live->ev[k] && live->ev_ctx[k] != live->ctx)
                 expect_rc("cuEventSynchronize", cuEventSynchronize(live->ev[k]), CUDA_SUCCESS);
+        others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1);
         got = do_release(call, key);
+        others_done(rcall_names[call]);
     } else {
         /* The release of a live object must not reach a waiting call of the
          * driver; anything else (NULL, errors, the unload of a library not
