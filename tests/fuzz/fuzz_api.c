@@ -364,9 +364,12 @@ static void spin_stop(void)
 
 static bool judged_call(const char *what);
 
-/* The flag of kernels that wait for the caller of one call, in the other
- * contexts (others_wait_for_me). */
-static volatile int mine_flag = 1;
+/* The flags of kernels that wait for the caller of one call, in the other
+ * contexts (others_wait_for_me): a new one for each call, since such a
+ * kernel may start only after the call has returned and set its flag. */
+#define MINE_FLAGS 4096
+static volatile int mine_flags[MINE_FLAGS];
+static unsigned mine_gen;
 
 static void *spin_helper(void *arg)
 {
@@ -377,7 +380,8 @@ static void *spin_helper(void *arg)
         if (t && now_ns() - t > 1000000000u) {
             unsigned g = __atomic_load_n(&spin_gen, __ATOMIC_RELAXED);
             __atomic_store_n(&spin_flags[g % SPIN_FLAGS], 1, __ATOMIC_RELAXED);
-            __atomic_store_n(&mine_flag, 1, __ATOMIC_RELAXED);
+            unsigned m = __atomic_load_n(&mine_gen, __ATOMIC_RELAXED);
+            __atomic_store_n(&mine_flags[m % MINE_FLAGS], 1, __ATOMIC_RELAXED);
             atomic_store(&helper_fired, true);
         }
     }
@@ -398,21 +402,30 @@ static void others_wait_for_me(int own)
     /* A green context's memory is its primary context's (slot = device). */
     int owner = own >= 0 && ctxs[own].green ? ctxs[own].dev : own;
     spin_stop();
-    __atomic_store_n(&mine_flag, 0, __ATOMIC_RELAXED);
+    unsigned g = mine_gen + 1;
+    __atomic_store_n(&mine_flags[g % MINE_FLAGS], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&mine_gen, g, __ATOMIC_RELAXED);
     for (int c = 0; c < MAX_CTX; c++)
-        if (c != own && c != owner && ctxs[c].alive && !ctxs[c].green && spin_stream[c])
+        if (c != own && c != owner && ctxs[c].alive && !ctxs[c].green && spin_stream[c]) {
+            TRACE("  a kernel of context %d (%p; own %d %p) waits for this thread", c,
+                  (void *)ctxs[c].h, own, own >= 0 ? (void *)ctxs[own].h : NULL);
             expect_rc("testdrv_launch_spin (waits for this thread)",
-                      testdrv_launch_spin(spin_stream[c], &mine_flag), CUDA_SUCCESS);
+                      testdrv_launch_spin(spin_stream[c], &mine_flags[g % MINE_FLAGS]),
+                      CUDA_SUCCESS);
+        }
     atomic_store(&helper_fired, false);
+    /* The helper's second counts from the call. */
+    atomic_store(&op_started_ns, now_ns());
 }
 
 static void others_done(const char *what)
 {
+    uint64_t took = now_ns() - atomic_load(&op_started_ns);
     bool fired = atomic_load(&helper_fired);
-    __atomic_store_n(&mine_flag, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&mine_flags[mine_gen % MINE_FLAGS], 1, __ATOMIC_RELAXED);
     if (fired && judged_call(what))
         FAIL("%s waited for a kernel of another context that waited for its caller (the "
-             "helper let it go after a second)", what);
+             "helper let it go after a second; the call took %.1f ms)", what, (double)took / 1e6);
 }
 
 static void spin_start(void)
