@@ -137,14 +137,23 @@ static CUresult ctx_for_stack(CUcontext h, struct td_ctx **out)
 
 struct td_ctx *td_ctx_root(struct td_ctx *c) { return c->parent ? c->parent : c; }
 
+/* A fault ends every context of its device, and the device's contexts made
+ * or activated afterwards (measured on an H200, driver 580.159.04,
+ * 2026-12-03, tests/gpu/facts.c xctx: after a fault in a second context
+ * and its destruction, the primary context's next cuMemAllocHost and the
+ * next cuCtxCreate answered CUDA_ERROR_ILLEGAL_ADDRESS). */
 void td_ctx_set_sticky(struct td_ctx *c, CUresult rc)
 {
-    struct td_ctx *root = td_ctx_root(c);
-    if (root->sticky == CUDA_SUCCESS)
-        root->sticky = rc;
-    for (struct td_ctx *g = root->greens; g; g = g->green_next)
-        if (g->sticky == CUDA_SUCCESS)
-            g->sticky = rc;
+    int dev = td_ctx_root(c)->dev;
+    if (td.dev_sticky[dev] == CUDA_SUCCESS)
+        td.dev_sticky[dev] = rc;
+    for (struct td_obj *o = td.all; o; o = o->all_next) {
+        if (o->kind != TD_OBJ_CTX)
+            continue;
+        struct td_ctx *x = (struct td_ctx *)o;
+        if (x->dev == dev && x->sticky == CUDA_SUCCESS)
+            x->sticky = td.dev_sticky[dev];
+    }
 }
 
 /* td_enter_args, then td_ctx_arg(h): the front of a call on a context
@@ -164,7 +173,7 @@ static CUresult ctx_arg_enter(CUcontext h, bool args_ok, struct td_ctx **out)
 static void ctx_activate(struct td_ctx *c)
 {
     c->alive = true;
-    c->sticky = CUDA_SUCCESS;
+    c->sticky = td.dev_sticky[c->dev];
     c->greens = NULL;
     c->green_refs = 0;
     c->streams = NULL; /* release_holds is left alone: a release of the
@@ -258,6 +267,8 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     if (flags & ~0xFFu)
         return CUDA_ERROR_INVALID_VALUE;
+    if (td.dev_sticky[dev] != CUDA_SUCCESS)
+        return td.dev_sticky[dev];
     struct td_ctx *c = td_xcalloc(1, sizeof *c);
     td_obj_register(&c->h, TD_OBJ_CTX, c);
     c->dev = dev;

@@ -59,6 +59,7 @@ void td_config_ensure(void)
 static void primaries_init(void)
 {
     td.primary = td_xcalloc((size_t)td.ndevices, sizeof *td.primary);
+    td.dev_sticky = td_xcalloc((size_t)td.ndevices, sizeof *td.dev_sticky);
     for (int d = 0; d < td.ndevices; d++) {
         struct td_ctx *c = td_xcalloc(1, sizeof *c);
         td_obj_register(&c->h, TD_OBJ_CTX, c);

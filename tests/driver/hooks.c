@@ -4,8 +4,9 @@
  * 1 ms and touches its memory range before the first slice and after
  * every slice (so also once at its end). A touch of memory that is not
  * live (freed, unregistered, never allocated) is a fault: counted, and
- * the context gets the sticky CUDA_ERROR_ILLEGAL_ADDRESS; the kernel stops
- * there. Kernels of a context with a sticky error end at once.
+ * the context gets the sticky CUDA_ERROR_ILLEGAL_ADDRESS, with every
+ * context of its device (td_ctx_set_sticky); the kernel stops there.
+ * Kernels of a context with a sticky error end at once.
  *
  * A writing kernel (TESTDRV_WRITE) over host memory - pinned, managed or
  * registered - really writes: at each touch it stores TESTDRV_STAMP in

@@ -319,6 +319,8 @@ struct td_state {
     uint64_t next_id;
     struct td_obj *all;        /* every object ever made */
     struct td_ctx **primary;   /* per device */
+    CUresult *dev_sticky;      /* per device: the sticky error of a fault in any of
+                                  its contexts, which ends them all (td_ctx_set_sticky) */
     struct td_pool **default_pool; /* per device */
     struct td_capture *captures; /* live captures */
     struct td_capture *ended;    /* ended ones: events may still name them */

@@ -183,7 +183,10 @@ enum testdrv_kind {
  * [ptr, ptr + bytes) about every millisecond and once at its end; ptr may be
  * device, managed, pinned-host or registered memory. A touch of memory that
  * is no longer live counts a fault (testdrv_faults) and sets the context's
- * sticky CUDA_ERROR_ILLEGAL_ADDRESS. ptr == 0 touches nothing.
+ * sticky CUDA_ERROR_ILLEGAL_ADDRESS, which every context of its device gets
+ * too, and every context made or activated on that device afterwards (as
+ * on an H200: no new context can be made after a fault). ptr == 0 touches
+ * nothing.
  * Takes the context's launch lock like cuLaunchKernel, so it stalls while a
  * waiting release holds that lock. On a capturing stream it is captured, not
  * run. Returns what cuLaunchKernel would. */
