@@ -105,11 +105,11 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far);
  * contexts (UINT64_MAX with none), now. Does not wait. */
 uint64_t cd_fence_far_floor(struct cd_ctx *c);
 /* How long the engine waits for other contexts' records where the thread
- * that waits may be the one they wait for: held back by ending contexts
- * or by captures (cd_fence_far_wait's give_up), or, where the call it
- * serves would not wait for other contexts without cudefer, at all (an
- * unregister, a registration over a pending unregister; reclaim.c,
- * retire.c). */
+ * that waits may be the one they wait for: records that ending contexts or
+ * captures hold back (cd_fence_far_wait's give_up), and any records where
+ * the call would not have waited for other contexts without cudefer (an
+ * unregister, a registration over a pending unregister: retire.c,
+ * reclaim.c). */
 #define CD_FAR_GIVE_UP_NS 5000000ull
 
 /* What cd_fence_far_wait found. */

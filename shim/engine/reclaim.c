@@ -184,12 +184,12 @@ struct flush {
 };
 
 /* Other contexts' kernels can use the memory a context released (they
- * write its registered pages, its pinned and its device memory: run 95),
- * so a flush that may wait waits for their records of the fences. The
- * driver's own releases did not wait for other contexts, and a kernel of
- * another context may wait for the very thread that waits: an allocation
- * short of memory waits for those records until OOM_FAR_NS after it began
- * (CD_FAR_GIVE_UP_NS at least), a registration over a pending unregister
+ * write its registered pages, its pinned and its device memory:
+ * bench/RESULTS.md, run 95), so a flush that may wait waits for their
+ * records of the fences. The driver's own releases did not wait for other
+ * contexts, and a kernel of another context may wait for the very thread
+ * that waits: a round of an allocation short of memory waits for those
+ * records OOM_FAR_NS at most, a registration over a pending unregister
  * CD_FAR_GIVE_UP_NS; past that, the entries are released after their own
  * context's work, as the driver's release did. */
 #define OOM_FAR_NS 100000000ull
@@ -249,10 +249,10 @@ static void flush_context(struct cd_ctx *c, struct flush *f)
          * host, tests/test_scenarios.c). The entries are released after
          * their own context's work, as the driver's own release would have
          * waited for; other contexts' kernels that still use them are not
-         * waited for, as without cudefer (their kernels fault where it
-         * unmapped the memory). A registration over a pending unregister
-         * would otherwise answer CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-         * for pages the program unregistered. */
+         * waited for, as without cudefer. A registration over a pending
+         * unregister would otherwise answer
+         * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for pages the program
+         * unregistered. */
         if (why == CD_FLUSH_OOM)
             atomic_fetch_add(&cd_stats.far_skipped, 1);
         cd_log(CD_LOG_INFO, "%s: entries of context %p released without waiting for other "
@@ -576,8 +576,12 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
         flush_all(&f);
         any |= f.any;
         /* Entries an ending context held back are on the books again:
-         * the next round takes them (the flush gave them 5 ms). */
-        if (!f.held && cd_books_registered_wait(lo, hi, 1000))
+         * the next round takes them (the flush gave them 5 ms). One no
+         * flush may take (a context with a sticky error keeps its entries
+         * for its destruction) stays while nothing is in transit. */
+        if (f.held)
+            continue;
+        if (cd_books_in_transit(NULL) == 0 || cd_books_registered_wait(lo, hi, 1000))
             break;
     }
     if (cd_books_registered_overlap(lo, hi))
