@@ -91,14 +91,7 @@ bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
 
 bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
+    struct timespec until = cd_monotonic_in((uint64_t)ms * 1000000u);
     pthread_mutex_lock(&ranges_lock);
     int err = 0;
     while (overlap_locked(lo, hi) && err != ETIMEDOUT)
@@ -143,9 +136,7 @@ long long cd_books_in_transit(unsigned long long *moves)
 
 bool cd_books_transit_wait(int seconds)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += seconds;
+    struct timespec until = cd_monotonic_in((uint64_t)seconds * 1000000000u);
     pthread_mutex_lock(&transit_lock);
     int err = 0;
     while (transit > 0 && err != ETIMEDOUT)

@@ -53,11 +53,7 @@ static void sleep_for(unsigned usec)
 {
     pthread_mutex_lock(&wake_lock);
     if (usec) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)usec * 1000;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        struct timespec ts = cd_monotonic_in((uint64_t)usec * 1000u);
         while (!work_posted && !atomic_load(&stopping) &&
                pthread_cond_timedwait(&wake_cond, &wake_lock, &ts) != ETIMEDOUT)
             ;
