@@ -367,8 +367,7 @@ uint64_t cd_fence_far_floor(struct cd_ctx *c)
     return floor;
 }
 
-enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
-                                   uint64_t deadline)
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, uint64_t deadline)
 {
     uint64_t held_since = 0;
     for (unsigned i = 0;; i++) {
@@ -377,7 +376,7 @@ enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
             return CD_FAR_PASSED;
         if (deadline && cd_now_ns() >= deadline)
             return CD_FAR_LATE;
-        if (give_up && a.ending) {
+        if (a.ending) {
             uint64_t now = cd_now_ns();
             if (!held_since)
                 held_since = now;

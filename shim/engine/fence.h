@@ -106,7 +106,7 @@ CUresult cd_fence_query(struct cd_ctx *c, CUevent done, uint64_t far);
 uint64_t cd_fence_far_floor(struct cd_ctx *c);
 /* How long the engine waits for other contexts' records where the thread
  * that waits may be the one they wait for: records that ending contexts or
- * captures hold back (cd_fence_far_wait's give_up), and any records where
+ * captures hold back (cd_fence_far_wait), and any records where
  * the call would not have waited for other contexts without cudefer (an
  * unregister, a registration over a pending unregister: retire.c,
  * reclaim.c). */
@@ -126,15 +126,14 @@ enum cd_far_wait {
  * way) cannot be asked, and may itself wait for the caller's use of c to
  * end; a marked record is made only when no capture is live in its
  * context, and the thread that captures may be one that waits for that
- * use, or for the caller, too: with give_up, once only such contexts or
- * records have held the wait back for 5 ms, it returns CD_FAR_HELD, or
+ * use, or for the caller, too: once only such contexts or records have
+ * held the wait back for CD_FAR_GIVE_UP_NS, it returns CD_FAR_HELD, or
  * CD_FAR_CAPTURED when at the last look only marked records held it back,
  * each in a context where the waiter found a capture live (cd_fence_fill_held).
  * With deadline (cd_now_ns; 0: none), it returns CD_FAR_LATE once the
  * deadline has passed first. In the relaxed capture mode, or inside the
  * gate. */
-enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, bool give_up,
-                                   uint64_t deadline);
+enum cd_far_wait cd_fence_far_wait(struct cd_ctx *c, uint64_t far, uint64_t deadline);
 /* Destroys the events of c's ring that no record uses (up to CD_FAR_RING
  * stay made between flushes: cudefer_flush leaves none). c entered. Does
  * not wait. */

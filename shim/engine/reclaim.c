@@ -172,8 +172,9 @@ static uint64_t far_floor(struct cd_ctx *c)
 
 /* A flush: why, what it takes in each context, whether it settles the
  * frees in flight, until when it waits for the other contexts' records of
- * the fences (far_deadline, cd_now_ns; 0: for as long as they take), and
- * what it found. */
+ * the fences (far_deadline, cd_now_ns; 0: for as long as they take; past
+ * it, or where captures keep them from being made, the entries go after
+ * their own context's work), and what it found. */
 struct flush {
     enum cd_flush_reason why;
     struct cd_take take;
@@ -239,9 +240,8 @@ static void flush_context(struct cd_ctx *c, struct flush *f)
      * back on the books for a later flush. */
     uint64_t need = far_of(&list);
     enum cd_far_wait far_rc =
-        need ? cd_fence_far_wait(c, need, true, f->far_deadline) : CD_FAR_PASSED;
-    bool bounded = why == CD_FLUSH_OOM || why == CD_FLUSH_REGISTER;
-    if (bounded && (far_rc == CD_FAR_CAPTURED || far_rc == CD_FAR_LATE)) {
+        need ? cd_fence_far_wait(c, need, f->far_deadline) : CD_FAR_PASSED;
+    if (f->far_deadline && (far_rc == CD_FAR_CAPTURED || far_rc == CD_FAR_LATE)) {
         /* Records that live captures keep from being made, or other
          * contexts' work still running: the thread that captures, or a
          * kernel of another context, may be waiting for this very thread
@@ -558,6 +558,19 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 
 /* ---- registrations ------------------------------------------------------------- */
 
+/* Makes the queued unregisters that take picks, in every context;
+ * *held: ending contexts held some back. Returns whether there was
+ * anything to do. MAY WAIT (for other contexts' work CD_FAR_GIVE_UP_NS at
+ * most). */
+static bool flush_registered(struct cd_take take, bool *held)
+{
+    struct flush f = {.why = CD_FLUSH_REGISTER, .take = take,
+                      .far_deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS};
+    flush_all(&f);
+    *held = f.held;
+    return f.any;
+}
+
 /* Releases the queued unregisters overlapping [lo, hi), and those alone:
  * another range's pending unregister may wait for its own context's work
  * (the driver's unregister waits for all of it), which this registration
@@ -571,15 +584,13 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
     struct cd_take only = {.mask = 1u << CD_REGISTERED, .far = UINT64_MAX, .lo = lo, .hi = hi};
     bool any = false;
     for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
-        struct flush f = {.why = CD_FLUSH_REGISTER, .take = only,
-                          .far_deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS};
-        flush_all(&f);
-        any |= f.any;
+        bool held = false;
+        any |= flush_registered(only, &held);
         /* Entries an ending context held back are on the books again:
          * the next round takes them (the flush gave them 5 ms). One no
          * flush may take (a context with a sticky error keeps its entries
          * for its destruction) stays while nothing is in transit. */
-        if (f.held)
+        if (held)
             continue;
         if (cd_books_in_transit(NULL) == 0 || cd_books_registered_wait(lo, hi, 1000))
             break;
@@ -608,11 +619,8 @@ bool cd_register_failed(CUresult rc, void *ptr, size_t bytes)
      * driver's answer stands, at once, as it would without cudefer (a flush
      * here would wait for the GPU). Only a pending unregister whose range
      * could not be noted may be the one in the way: then they all go. */
-    if (cd_books_registered_unnoted()) {
-        struct flush f = {.why = CD_FLUSH_REGISTER, .take = CD_TAKE_ALL(1u << CD_REGISTERED),
-                          .far_deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS};
-        flush_all(&f);
-        any |= f.any;
-    }
+    bool held = false;
+    if (cd_books_registered_unnoted())
+        any |= flush_registered(CD_TAKE_ALL(1u << CD_REGISTERED), &held);
     return any;
 }

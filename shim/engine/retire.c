@@ -337,26 +337,20 @@ static bool unregister_after_work(struct cd_ctx *c, struct cd_record *r, CUresul
         atomic_fetch_add(&cd_stats.would_wait[CD_REGISTERED], 1);
         cd_range_push("cudefer: unregister waits for the work before it");
         ops->event_synchronize(r->done);
-        /* Ending contexts end: their records are waited for, up to the
-         * bound. */
-        uint64_t deadline = cd_now_ns() + CD_FAR_GIVE_UP_NS;
-        while ((far = cd_fence_far_wait(c, r->far, true, deadline)) == CD_FAR_HELD)
-            ;
+        far = cd_fence_far_wait(c, r->far, cd_now_ns() + CD_FAR_GIVE_UP_NS);
         cd_range_pop();
         atomic_fetch_add(&cd_stats.unregister_waits, 1);
         atomic_fetch_add(&cd_stats.unregister_wait_ns, cd_now_ns() - t0);
     }
     cd_scope_leave(&relaxed);
-    if (far == CD_FAR_CAPTURED || far == CD_FAR_LATE) {
-        /* A record of another context that a live capture keeps from being
-         * made (the thread that captures may be waiting for this one), or
-         * work of another context still running: the driver's own
-         * unregister. */
+    if (far != CD_FAR_PASSED) {
+        /* Work of another context still running, or a record of one that a
+         * live capture or the context's end keeps from being made (the
+         * thread that captures may be waiting for this one): the driver's
+         * own unregister. */
         atomic_fetch_add(&cd_stats.unregister_passed, 1);
         cd_retire_drop_event(c, r);
-        return pass_through(r, far == CD_FAR_LATE
-                                   ? "another context's work before it still runs"
-                                   : "a capture keeps another context's record from being made");
+        return pass_through(r, "another context's part of its fence did not pass in 5 ms");
     }
     atomic_fetch_add(&cd_stats.deferred[CD_REGISTERED], 1);
     cd_books_defer(c, r);
