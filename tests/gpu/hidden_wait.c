@@ -176,17 +176,19 @@ static CUresult allocate_big(void)
     return cuMemAlloc(&big, big_bytes);
 }
 
-/* What the measured call left to undo, once the flag kernel has ended. */
-static void undo(CUresult (*measured)(void), CUresult rc)
+/* What the measured calls left, once the flag kernel has ended. */
+static void unregister_mine_again(CUresult rc)
 {
-    if (measured == register_mine && rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS)
         GC_CHECK(cuMemHostUnregister(pages));
-    if (measured == allocate_big) {
-        if (rc == CUDA_SUCCESS)
-            GC_CHECK(cuMemFree(big));
-        while (nfillers > 0)
-            GC_CHECK(cuMemFree(fillers[--nfillers]));
-    }
+}
+
+static void free_big_and_fillers(CUresult rc)
+{
+    if (rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemFree(big));
+    while (nfillers > 0)
+        GC_CHECK(cuMemFree(fillers[--nfillers]));
 }
 
 /* The second context's part of register-over, before its kernel: a page
@@ -197,11 +199,24 @@ static void unregister_theirs(void)
     GC_CHECK(cuMemHostUnregister(pages + 4096));
 }
 
-/* The cases whose flag kernel, its flag and its stream are the second
+/* A case whose flag kernel, its flag and its stream are the second
  * context's: there, before the kernel starts, set_up (may be NULL); then in
- * the primary context prepare, and the measured call. */
-static int in_the_other_context(const char *name, CUcontext ctx2, void (*set_up)(void),
-                                void (*prepare)(void), CUresult (*measured)(void))
+ * the primary context prepare, the measured call, and once the kernel has
+ * ended undo, given the call's result (may be NULL). */
+struct other_case {
+    void (*set_up)(void);
+    void (*prepare)(void);
+    CUresult (*measured)(void);
+    void (*undo)(CUresult rc);
+};
+
+static const struct other_case other_context_sync = {NULL, release_a_block, synchronize, NULL};
+static const struct other_case register_over = {unregister_theirs, unregister_mine,
+                                                register_mine, unregister_mine_again};
+static const struct other_case oom_other = {NULL, fill_then_release, allocate_big,
+                                            free_big_and_fillers};
+
+static int in_the_other_context(const char *name, CUcontext ctx2, const struct other_case *oc)
 {
     CUcontext popped;
     struct gc_kernels k2;
@@ -209,16 +224,16 @@ static int in_the_other_context(const char *name, CUcontext ctx2, void (*set_up)
     GC_CHECK(cuCtxPushCurrent(ctx2));
     gc_load_kernels(&k2);
     GC_CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
-    if (set_up)
-        set_up();
+    if (oc->set_up)
+        oc->set_up();
     gc_flag_init(&flag);
     bool waiting = start_flag_kernel(&k2, s2);
     GC_CHECK(cuCtxPopCurrent(&popped));
 
-    prepare();
+    oc->prepare();
     gc_flag_arm(&flag, WATCHDOG_MS);
     double t0 = gc_now_ms();
-    CUresult rc = measured();
+    CUresult rc = oc->measured();
     double ms = gc_now_ms() - t0;
     gc_flag_set(&flag);
     bool fired = gc_flag_disarm(&flag);
@@ -233,7 +248,8 @@ static int in_the_other_context(const char *name, CUcontext ctx2, void (*set_up)
     GC_CHECK(cuModuleUnload(k2.module));
     GC_CHECK(cuCtxPopCurrent(&popped));
     GC_CHECK(cuCtxDestroy(ctx2));
-    undo(measured, rc);
+    if (oc->undo)
+        oc->undo(rc);
     GC_CHECK(cuStreamDestroy(stream));
     GC_CHECK(cuModuleUnload(kernels.module));
     gc_fini();
@@ -273,13 +289,11 @@ int main(int argc, char **argv)
         free_pinned_while_idle();
     if (cache)
         free_device_while_idle();
-    if (xsync)
-        return in_the_other_context(name, ctx2, NULL, release_a_block, synchronize);
-    if (reg)
-        return in_the_other_context(name, ctx2, unregister_theirs, unregister_mine,
-                                    register_mine);
-    if (oom)
-        return in_the_other_context(name, ctx2, NULL, fill_then_release, allocate_big);
+    if (xsync || reg || oom)
+        return in_the_other_context(name, ctx2,
+                                    xsync ? &other_context_sync
+                                    : reg ? &register_over
+                                          : &oom_other);
 
     bool waiting = start_flag_kernel(&kernels, stream);
     gc_flag_arm(&flag, WATCHDOG_MS);
