@@ -870,9 +870,9 @@ static void note_managed_release(struct worker *w, const struct obj *o)
  * have given a new block when the other contexts' part had not passed.
  * The debt that goes is the block's at d if this thread released it (in
  * any epoch: a reuse of an older block is no wait, and leaves the newer
- * debts for the allocations that may wait for them; property-long, seed
- * 3, failed an allocation that waited for a block whose debt an earlier
- * reuse of an older one had taken), else the oldest that counts. */
+ * debts for the allocations that may wait for them: taking a newer one
+ * there left a later allocation of the size, which may wait for that
+ * block, unexcused), else the oldest that counts. */
 static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdeviceptr d, long since)
 {
     int count = w->ndebts < DEBTS ? w->ndebts : DEBTS, mine = -1, oldest = -1;
