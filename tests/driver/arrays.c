@@ -68,11 +68,12 @@ static CUresult array_create(void **out, size_t bytes, enum td_objkind kind)
         return rc;
     if (!out || bytes == 0)
         return td_leave(CUDA_ERROR_INVALID_VALUE);
-    if (!td_cap_take(TD_CAP_DEVICE, bytes))
+    if (!td_cap_take(td_cap_dev(c->dev), bytes))
         return td_leave(CUDA_ERROR_OUT_OF_MEMORY);
     struct td_array *a = td_xcalloc(1, sizeof *a);
     td_obj_register(&a->h, kind, td_ctx_root(c));
     a->bytes = bytes;
+    a->cap = td_cap_dev(c->dev);
     td_live_add(TESTDRV_ARRAY, 1, (long long)bytes);
     *out = a;
     return td_leave(CUDA_SUCCESS);
@@ -138,7 +139,7 @@ static CUresult array_destroy(void *h, enum td_objkind kind)
     if (wctx)
         td_ctx_wait_idle(wctx, true);
     td_live_add(TESTDRV_ARRAY, -1, -(long long)a->bytes);
-    td_cap_give(TD_CAP_DEVICE, a->bytes);
+    td_cap_give((enum td_cap)a->cap, a->bytes);
     return td_leave(CUDA_SUCCESS);
 }
 

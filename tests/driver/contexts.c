@@ -206,7 +206,7 @@ static void obj_teardown(struct td_obj *o)
     case TD_OBJ_MIPMAP: {
         struct td_array *a = (struct td_array *)o;
         td_live_add(TESTDRV_ARRAY, -1, -(long long)a->bytes);
-        td_cap_give(TD_CAP_DEVICE, a->bytes);
+        td_cap_give((enum td_cap)a->cap, a->bytes);
         break;
     }
     default:

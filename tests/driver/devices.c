@@ -48,8 +48,10 @@ void td_config_ensure(void)
         return;
     config_loaded = true;
     td.version = env_int("TESTDRIVER_VERSION", 13000, 2000, 1000000);
-    td.ndevices = env_int("TESTDRIVER_DEVICES", 1, 0, 64);
-    td.cap_total[TD_CAP_DEVICE] = env_bytes("TESTDRIVER_DEVICE_BYTES", GIB);
+    td.ndevices = env_int("TESTDRIVER_DEVICES", 1, 0, TD_MAX_DEVICES);
+    size_t device_bytes = env_bytes("TESTDRIVER_DEVICE_BYTES", GIB);
+    for (int d = 0; d < TD_MAX_DEVICES; d++)
+        td.cap_total[td_cap_dev(d)] = device_bytes;
     td.cap_total[TD_CAP_HOST] = env_bytes("TESTDRIVER_HOST_BYTES", GIB);
     const char *exit_mode = getenv("TESTDRIVER_EXIT");
     td.exit_handler = exit_mode && strcmp(exit_mode, "atexit") == 0;
@@ -154,7 +156,7 @@ static CUresult total_mem(size_t *bytes, CUdevice dev)
     CUresult rc = dev_enter(dev, bytes != NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *bytes = td.cap_total[TD_CAP_DEVICE];
+    *bytes = td.cap_total[td_cap_dev(dev)];
     return td_leave(CUDA_SUCCESS);
 }
 

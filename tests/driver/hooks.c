@@ -283,7 +283,20 @@ TD_EXPORT size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes)
     return n;
 }
 
-TD_EXPORT size_t testdrv_pending_free_bytes(void) { return read_size(&td.pending_device_bytes); }
+TD_EXPORT size_t testdrv_pending_free_bytes_on(int dev)
+{
+    if (dev < 0 || dev >= TD_MAX_DEVICES)
+        return 0;
+    return read_size(&td.pending_bytes[td_cap_dev(dev)]);
+}
+
+TD_EXPORT size_t testdrv_pending_free_bytes(void)
+{
+    size_t n = 0;
+    for (int d = 0; d < TD_MAX_DEVICES; d++)
+        n += testdrv_pending_free_bytes_on(d);
+    return n;
+}
 
 TD_EXPORT uint64_t testdrv_dead_context_calls(void) { return read_u64(&td.dead_calls); }
 
@@ -295,7 +308,11 @@ static void set_capacity(enum td_cap cap, size_t bytes)
 {
     pthread_mutex_lock(&td.mu);
     td_config_ensure();
-    td.cap_total[cap] = bytes;
+    if (td_cap_is_device(cap))
+        for (int d = 0; d < TD_MAX_DEVICES; d++)
+            td.cap_total[td_cap_dev(d)] = bytes;
+    else
+        td.cap_total[cap] = bytes;
     pthread_cond_broadcast(&td.cv);
     pthread_mutex_unlock(&td.mu);
 }

@@ -244,9 +244,23 @@ struct td_library {
 struct td_array {
     struct td_obj h;
     size_t bytes;
+    int cap;                   /* enum td_cap (declared below) */
 };
 
-enum td_cap { TD_CAP_DEVICE, TD_CAP_HOST, TD_CAP_COUNT };
+/* What an allocation counts against: pinned host memory, shared by every
+ * device, or one device's memory (TD_CAP_DEVICE + its ordinal). */
+#define TD_MAX_DEVICES 64
+enum td_cap { TD_CAP_HOST, TD_CAP_DEVICE, TD_CAP_COUNT = TD_CAP_DEVICE + TD_MAX_DEVICES };
+
+static inline enum td_cap td_cap_dev(int dev)
+{
+    return (enum td_cap)(TD_CAP_DEVICE + dev);
+}
+
+static inline bool td_cap_is_device(enum td_cap cap)
+{
+    return cap >= TD_CAP_DEVICE;
+}
 
 struct td_pool {
     struct td_obj h;
@@ -311,7 +325,7 @@ struct td_state {
     size_t cap_used[TD_CAP_COUNT];
     size_t live[TESTDRV_KIND_COUNT];
     size_t live_bytes[TESTDRV_KIND_COUNT];
-    size_t pending_device_bytes;  /* testdrv_pending_free_bytes */
+    size_t pending_bytes[TD_CAP_COUNT]; /* device frees passed, not synchronised */
     uint64_t faults;
     uint64_t foreign_syncs;    /* testdrv_foreign_syncs */
     uint64_t dead_calls;

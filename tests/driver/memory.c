@@ -324,7 +324,7 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
         return rc;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    enum td_cap cap = kind == TESTDRV_HOST ? TD_CAP_HOST : TD_CAP_DEVICE;
+    enum td_cap cap = kind == TESTDRV_HOST ? TD_CAP_HOST : td_cap_dev(c->dev);
     if (!td_cap_take(cap, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base;
@@ -620,22 +620,30 @@ TD_EXPORT CUresult cuMemHostUnregister(void *p)
 
 /* td_enter_args, then a usable current context (which the query itself
  * does not use): the front of the memory queries. */
-static CUresult query_enter(bool args_ok)
+static CUresult query_enter_ctx(bool args_ok, struct td_ctx **c)
 {
-    struct td_ctx *c;
     CUresult rc = td_enter_args(args_ok);
-    if (rc == CUDA_SUCCESS && (rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && (rc = td_cur_ctx_usable(c)) != CUDA_SUCCESS)
         td_leave(rc);
     return rc;
 }
 
+static CUresult query_enter(bool args_ok)
+{
+    struct td_ctx *c;
+    return query_enter_ctx(args_ok, &c);
+}
+
 static CUresult mem_get_info(size_t *free_b, size_t *total_b)
 {
-    CUresult rc = query_enter(free_b && total_b);
+    struct td_ctx *c;
+    CUresult rc = query_enter_ctx(free_b && total_b, &c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *total_b = td.cap_total[TD_CAP_DEVICE];
-    *free_b = *total_b - td.cap_used[TD_CAP_DEVICE];
+    /* The current context's device (a green context's is its primary's). */
+    enum td_cap cap = td_cap_dev(c->dev);
+    *total_b = td.cap_total[cap];
+    *free_b = *total_b - td.cap_used[cap];
     return td_leave(CUDA_SUCCESS);
 }
 
@@ -1088,7 +1096,7 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
         uintptr_t base = td_va_reserve(h.size, false);
         if (!base)
             return td_leave(CUDA_ERROR_MAP_FAILED);
-        a = td_alloc_add(base, h.size, h.size, TESTDRV_DEVICE, TD_CAP_DEVICE, root);
+        a = td_alloc_add(base, h.size, h.size, TESTDRV_DEVICE, td_cap_dev(root->dev), root);
         a->owned = true; /* the context's destruction unmaps it */
         a->imported = true;
         a->ipc_pid = h.pid;

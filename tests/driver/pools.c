@@ -39,7 +39,7 @@ static struct td_pool *pool_new(int dev, enum testdrv_kind kind, bool is_default
     td_obj_register(&pl->h, TD_OBJ_POOL, NULL);
     pl->dev = dev;
     pl->kind = kind;
-    pl->cap = kind == TESTDRV_HOST ? TD_CAP_HOST : TD_CAP_DEVICE;
+    pl->cap = kind == TESTDRV_HOST ? TD_CAP_HOST : td_cap_dev(dev);
     pl->is_default = is_default;
     pl->reuse[0] = pl->reuse[1] = pl->reuse[2] = 1;
     return pl;
@@ -141,8 +141,8 @@ void td_pool_free_passed(struct td_alloc *a, struct td_stream *s, uint64_t seq)
         a->pool->used -= a->size;
         a->pool->pending += a->size;
     }
-    if (a->cap == TD_CAP_DEVICE)
-        td.pending_device_bytes += a->size;
+    if (td_cap_is_device(a->cap))
+        td.pending_bytes[a->cap] += a->size;
     struct pending *p = td_xcalloc(1, sizeof *p);
     p->a = a;
     p->s = s;
@@ -155,8 +155,8 @@ void td_pool_free_passed(struct td_alloc *a, struct td_stream *s, uint64_t seq)
 static void pending_release(struct pending *p)
 {
     struct td_alloc *a = p->a;
-    if (a->cap == TD_CAP_DEVICE)
-        td.pending_device_bytes -= a->size;
+    if (td_cap_is_device(a->cap))
+        td.pending_bytes[a->cap] -= a->size;
     if (a->pool) {
         a->pool->pending -= a->size;
         pool_return(a->pool, a->size);
@@ -527,7 +527,7 @@ TD_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     CUmemLocationType t = prop->location.type;
     enum td_cap cap;
     if (t == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 && prop->location.id < td.ndevices)
-        cap = TD_CAP_DEVICE;
+        cap = td_cap_dev(prop->location.id);
     else if (t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
              t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
         cap = TD_CAP_HOST;

@@ -12,7 +12,7 @@
  * Tests link against the test driver and call these directly.
  *
  * Environment read by the test driver at cuInit:
- *   TESTDRIVER_DEVICE_BYTES  device memory capacity (default 1 GiB)
+ *   TESTDRIVER_DEVICE_BYTES  each device's memory capacity (default 1 GiB)
  *   TESTDRIVER_HOST_BYTES    pinned host memory capacity (default 1 GiB)
  *   TESTDRIVER_VERSION       value of cuDriverGetVersion (default 13000);
  *                            below 12050 cuCtxRecordEvent does not exist
@@ -248,11 +248,13 @@ size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes);
  * passed the free but that no host synchronisation has covered yet: still
  * counted against capacity, as on the real driver. */
 size_t testdrv_pending_free_bytes(void);
+/* The same for device dev alone. */
+size_t testdrv_pending_free_bytes_on(int dev);
 
 /* Calls that named a destroyed context or an object of one. */
 uint64_t testdrv_dead_context_calls(void);
 
-/* Change the device memory capacity (bytes) from now on. */
+/* Change each device's memory capacity (bytes) from now on. */
 void testdrv_set_device_capacity(size_t bytes);
 
 /* Change the pinned host memory capacity (bytes) from now on (covers
