@@ -251,6 +251,10 @@ size_t testdrv_pending_free_bytes(void);
 /* The same for device dev alone. */
 size_t testdrv_pending_free_bytes_on(int dev);
 
+/* What device dev's capacity (dev -1: the pinned host capacity) counts as
+ * taken now: live allocations, pending frees and pools' reserves. */
+size_t testdrv_capacity_used(int dev);
+
 /* Calls that named a destroyed context or an object of one. */
 uint64_t testdrv_dead_context_calls(void);
 
