@@ -339,6 +339,127 @@ Test(scenarios, out_of_memory_beside_another_contexts_kernel_that_waits_for_it, 
 }
 
 
+/* What memory serves: an allocation short of memory takes back only what
+ * can serve it. Memory of another device cannot, nor device memory a
+ * pinned allocation, and waiting for their contexts' work is a wait the
+ * driver never makes: here a kernel there waits for the allocating thread
+ * (a collective of another GPU waiting for this thread's next launch), and
+ * another thread made the release, which the driver would have made wait,
+ * not this one. */
+struct release_in {
+    CUcontext ctx;
+    CUdeviceptr d;
+    void *host;
+};
+
+static void *release_in_thread(void *arg)
+{
+    struct release_in *r = arg;
+    CU_OK(cuCtxSetCurrent(r->ctx));
+    if (r->d)
+        CU_OK(cuMemFree(r->d));
+    if (r->host)
+        CU_OK(cuMemFreeHost(r->host));
+    return NULL;
+}
+
+/* Releases r's memory from another thread, which returns once it has. */
+static void release_elsewhere(struct release_in *r)
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, release_in_thread, r), 0);
+    pthread_join(t, NULL);
+}
+
+Test(scenarios, out_of_memory_ignores_another_devices_kernel_that_waits_for_it, .timeout = 20)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUcontext first = test_context();
+    CUdevice dev1;
+    CUcontext other;
+    CU_OK(cuDeviceGet(&dev1, 1));
+    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    struct release_in r = {.ctx = other};
+    CU_OK(cuMemAlloc(&r.d, 48 * MIB));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    release_elsewhere(&r); /* behind the kernel that waits for this thread */
+    CU_OK(cuCtxSetCurrent(first));
+    testdrv_set_device_capacity(64 * MIB);
+    CUdeviceptr d, e = 0;
+    size_t free_b = 0, total = 0;
+    CU_OK(cuMemGetInfo(&free_b, &total));
+    CU_OK(cuMemAlloc(&d, free_b));
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemAlloc(&e, 16 * MIB);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "device 0 is full: the driver's answer is out "
+                 "of memory (got %d)", (int)rc);
+    cr_expect_eq(flag_then, 0, "the watchdog had let device 1's kernel go: the allocation "
+                 "waited %llu ms for it", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(e));
+    CU_OK(cuMemFree(d));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(other));
+}
+
+Test(scenarios, pinned_out_of_memory_ignores_device_blocks_behind_a_waiting_kernel,
+     .timeout = 20)
+{
+    CUcontext ctx = test_context();
+    struct release_in r = {.ctx = ctx};
+    CU_OK(cuMemAlloc(&r.d, 16 * MIB));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    release_elsewhere(&r);
+    testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST) + 4 * MIB);
+    void *h = NULL;
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemAllocHost(&h, 8 * MIB);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "pinned memory is short: the driver's answer is "
+                 "out of memory (got %d)", (int)rc);
+    cr_expect_eq(flag_then, 0, "the watchdog had let the kernel go: the pinned allocation "
+                 "waited %llu ms for a device block's fence", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFreeHost(h));
+    CU_OK(cuCtxSynchronize());
+}
+
+/* Pinned memory is the host's, whichever device's context released it. */
+Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .timeout = 20)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUcontext first = test_context();
+    CUdevice dev1;
+    CUcontext other;
+    CU_OK(cuDeviceGet(&dev1, 1));
+    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    struct release_in r = {.ctx = other};
+    CU_OK(cuMemAllocHost(&r.host, 8 * MIB));
+    struct spin sp; /* keeps the block from passing its fence until released */
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    release_elsewhere(&r);
+    spin_release(&sp);
+    CU_OK(cuCtxSetCurrent(first));
+    testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST) + 4 * MIB);
+    void *h = NULL;
+    CUresult rc = cuMemAllocHost(&h, 8 * MIB);
+    cr_expect_eq(rc, CUDA_SUCCESS, "the 8 MiB device 1's context released were held back "
+                 "(got %d)", (int)rc);
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFreeHost(h));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(other));
+}
+
 Test(scenarios, no_hidden_wait_with_a_cached_block_of_another_size, .timeout = 20)
 {
     test_context();

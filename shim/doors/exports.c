@@ -644,6 +644,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     if (!plain && !from_pool)
         return cd_missing(w);
     cd_alloc_start(&a, cd_wrapped_names[w], CD_DEVICE, 0, 0, false);
+    /* The stream's device's pool, or a pool of any device or the host. */
+    cd_alloc_takes(&a, CD_MEM_ANY);
     do
         rc = plain ? plain(dptr, bytes, s) : from_pool(dptr, bytes, pool, s);
     while (cd_alloc_failed(&a, rc));
@@ -682,14 +684,42 @@ EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t b
  * calls that allocate device memory the program does not see (a lazily
  * loaded module at a launch or a function lookup, a context, a stream, a
  * virtual-memory handle). The first answer is returned at once when it is
- * not an out-of-memory one: the hot path of a launch is one compare. */
-static bool retry(struct cd_alloc *a, CUresult rc, enum cd_wrapped w)
+ * not an out-of-memory one: the hot path of a launch is one compare. mem:
+ * whose memory the call takes (engine.h, CD_MEM_*). */
+static bool retry_taking(struct cd_alloc *a, CUresult rc, enum cd_wrapped w, int mem)
 {
     if (rc != CUDA_ERROR_OUT_OF_MEMORY)
         return false;
-    if (!a->call)
+    if (!a->call) {
         cd_alloc_start(a, cd_wrapped_names[w], CD_DEVICE, 0, 0, false);
+        cd_alloc_takes(a, mem);
+    }
     return cd_alloc_failed(a, rc);
+}
+
+/* The same for a call whose memory may be any device's: a function's
+ * module, a stream or a graph belongs to its own context, which need not
+ * be the current one. */
+static bool retry(struct cd_alloc *a, CUresult rc, enum cd_wrapped w)
+{
+    return retry_taking(a, rc, w, CD_MEM_ANY);
+}
+
+/* Whose memory cuMemCreate takes: its location's. */
+static int created_on(const CUmemAllocationProp *prop)
+{
+    if (!prop)
+        return CD_MEM_ANY;
+    switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        return prop->location.id >= 0 ? prop->location.id : CD_MEM_ANY;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return CD_MEM_HOST;
+    default:
+        return CD_MEM_ANY;
+    }
 }
 
 EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -702,7 +732,7 @@ EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
         return cd_missing(CD_W_cuMemCreate);
     do
         rc = real(handle, size, prop, flags);
-    while (retry(&a, rc, CD_W_cuMemCreate));
+    while (retry_taking(&a, rc, CD_W_cuMemCreate, created_on(prop)));
     return rc;
 }
 
@@ -1176,7 +1206,7 @@ static CUresult create_context(CUresult (*call)(const struct create_args *),
         return cd_missing(w);
     do
         rc = call(a);
-    while (retry(&al, rc, w));
+    while (retry_taking(&al, rc, w, (int)a->dev));
     if (rc == CUDA_SUCCESS)
         cd_context_created(*a->pctx, call == call_retain);
     return rc;

@@ -164,6 +164,7 @@ void cd_books_reset(void)
 static void account(struct cd_ctx *c, const struct cd_record *r, int sign)
 {
     long long bytes = sign * (long long)r->bytes;
+    c->kind_entries[r->kind] += sign;
     if (r->kind == CD_DEVICE) {
         c->cached_bytes += bytes;
         c->cached_entries += sign;
@@ -492,6 +493,18 @@ bool cd_books_empty(struct cd_ctx *c)
     bool empty = cd_list_empty(&c->deferred) && cd_list_empty(&c->inflight);
     pthread_mutex_unlock(&c->lock);
     return empty;
+}
+
+bool cd_books_holds(struct cd_ctx *c, unsigned mask)
+{
+    bool any = false;
+    pthread_mutex_lock(&c->lock);
+    for (int k = 0; k < CD_KIND_COUNT && !any; k++)
+        any = (mask & (1u << k)) && c->kind_entries[k] > 0;
+    if (mask & (1u << CD_DEVICE))
+        any = any || !cd_list_empty(&c->inflight);
+    pthread_mutex_unlock(&c->lock);
+    return any;
 }
 
 int cd_books_claims(struct cd_ctx *c)

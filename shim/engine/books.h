@@ -101,6 +101,9 @@ size_t cd_books_entries(struct cd_ctx *c);
  * how many entries reuses claim. */
 bool cd_books_empty(struct cd_ctx *c);
 int cd_books_claims(struct cd_ctx *c);
+/* Whether c's books hold entries of the kinds in mask (device frees not
+ * yet batched count as device blocks). */
+bool cd_books_holds(struct cd_ctx *c, unsigned mask);
 
 /* The driver's unregister of r is done, or its context's destruction undid
  * the registration: its range is no longer pending. */

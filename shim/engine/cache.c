@@ -104,6 +104,9 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->rechecks = 0;
     a->held_ns = 0;
     a->seen = cd_registry_returned();
+    a->mem = kind == CD_HOST || kind == CD_REGISTERED ? CD_MEM_HOST
+             : kind == CD_MANAGED                     ? CD_MEM_ANY
+                                                      : CD_MEM_CURRENT;
     a->call = call;
 }
 

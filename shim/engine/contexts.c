@@ -634,6 +634,7 @@ void cd_ctx_release(struct cd_ctx *c, bool alive)
     c->word = NULL;
     c->word_dev = 0;
     c->held_bytes = c->held_entries = c->cached_bytes = c->cached_entries = 0;
+    memset(c->kind_entries, 0, sizeof c->kind_entries);
     /* The program's blocks in it went with the context. */
     cd_stats_add_program_device_bytes(-atomic_exchange(&c->live_bytes, 0));
     atomic_store(&c->peak_bytes, 0);

@@ -99,6 +99,7 @@ struct cd_ctx {
     struct cd_bin *bins[CD_BIN_BUCKETS];
     long long held_bytes, held_entries;     /* all kinds but device */
     long long cached_bytes, cached_entries; /* device blocks */
+    long long kind_entries[CD_KIND_COUNT];  /* entries of each kind */
     /* Device memory the program holds, and the most it held at once. */
     _Atomic long long live_bytes, peak_bytes, live_blocks, peak_blocks;
     int claims;                        /* records a reuse is looking at */

@@ -116,14 +116,30 @@ struct cd_alloc {
     int rechecks;       /* retries made because memory went back meanwhile */
     uint64_t held_ns;   /* when ending contexts first held released memory back */
     unsigned long long seen; /* cd_registry_returned() before the last ask */
+    int mem;            /* whose memory it takes: a device's ordinal, or CD_MEM_* */
     const char *call;
 };
 #define CD_FLAGS_ALLOC_HOST 0x80000000u
+
+/* Whose memory an allocation takes, besides a device's ordinal: what an
+ * allocation short of memory may take back (cd_alloc_failed). */
+#define CD_MEM_HOST (-1)    /* pinned host memory, shared by every device */
+#define CD_MEM_ANY (-2)     /* not known: anything may serve it */
+#define CD_MEM_CURRENT (-3) /* the current context's device, looked up once memory runs out */
 
 /* Starts an allocating call of kind and bytes (bytes 0: unknown, no reuse).
  * narrow: the call returns a 32-bit address. Does not wait. */
 void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, size_t bytes,
                     unsigned flags, bool narrow);
+
+/* Whose memory a takes when its kind does not say (cd_alloc_start guesses
+ * from the kind: pinned host memory for CD_HOST and CD_REGISTERED,
+ * CD_MEM_ANY for managed memory, the current context's device for the
+ * others). Does not wait. */
+static inline void cd_alloc_takes(struct cd_alloc *a, int mem)
+{
+    a->mem = mem;
+}
 
 /* Serves the allocation with a block the program released earlier in the
  * current context, once no work submitted before its release can use it.
@@ -137,8 +153,12 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
 /* After the driver's answer rc: true when the caller should ask again. On
  * an out-of-memory answer it first takes back what needs no waiting (device
  * blocks whose fence has passed, frees in flight that have completed); the
- * second time it MAY WAIT for everything the engine holds, whoever holds
- * it, and says so at log level info. It answers false (the driver's out of
+ * second time it MAY WAIT for everything the engine holds that can serve
+ * it, whoever holds it, and says so at log level info. What can serve it
+ * (a->mem): for a device's memory, what holds that device's memory (device
+ * blocks, arrays, modules and libraries of its contexts) and managed
+ * memory anywhere; for pinned host memory, pinned blocks, registrations
+ * and managed memory, in every context; when not known, everything. It answers false (the driver's out of
  * memory stands) once a round finds the engine holding nothing, or after
  * eight rounds once a second has passed since the allocation began: other
  * threads may take what a round gives back, and release more, before this

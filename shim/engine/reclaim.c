@@ -170,6 +170,44 @@ static uint64_t far_floor(struct cd_ctx *c)
     return far;
 }
 
+/* What an allocation short of memory may take back (cd_alloc_failed): the
+ * kinds in here in the contexts of device dev (of every device when dev is
+ * negative), and the kinds in everywhere in every context. Memory of
+ * another device cannot serve it, and a wait for that device's work is
+ * one the driver never made: the kernel waited for may be a collective
+ * that waits for this very thread's next launch on its own device. */
+struct reach {
+    int dev;
+    unsigned here, everywhere;
+};
+
+/* Kinds that hold a device's memory. */
+#define DEVICE_SIDE                                                                         \
+    ((1u << CD_DEVICE) | (1u << CD_ARRAY) | (1u << CD_MIPMAPPED) | (1u << CD_MODULE) |     \
+     (1u << CD_LIBRARY))
+/* Kinds that hold pinned host memory. */
+#define HOST_SIDE ((1u << CD_HOST) | (1u << CD_REGISTERED))
+
+/* What may serve an allocation of mem (engine.h, CD_MEM_*; CD_MEM_CURRENT
+ * resolved). Managed memory may live in any device's memory or the host's,
+ * whichever context released it. Does not wait. */
+static struct reach reach_of(int mem)
+{
+    if (mem == CD_MEM_HOST)
+        return (struct reach){.dev = -1, .everywhere = HOST_SIDE | (1u << CD_MANAGED)};
+    if (mem < 0)
+        return (struct reach){.dev = -1, .everywhere = CD_ALL_KINDS};
+    return (struct reach){.dev = mem, .here = DEVICE_SIDE, .everywhere = 1u << CD_MANAGED};
+}
+
+/* The kinds r takes in c (all of them without r). Does not wait. */
+static unsigned reach_mask(const struct reach *r, const struct cd_ctx *c)
+{
+    if (!r)
+        return CD_ALL_KINDS;
+    return r->everywhere | (r->dev < 0 || c->device == r->dev ? r->here : 0);
+}
+
 /* A flush: why, what it takes in each context, whether it settles the
  * frees in flight, until when it waits for the other contexts' records of
  * the fences (far_deadline, cd_now_ns; 0: for as long as they take; past
@@ -178,6 +216,7 @@ static uint64_t far_floor(struct cd_ctx *c)
 struct flush {
     enum cd_flush_reason why;
     struct cd_take take;
+    const struct reach *reach; /* NULL: take.mask in every context */
     bool settle;
     uint64_t far_deadline;
     bool any;  /* there was something to do */
@@ -195,20 +234,23 @@ struct flush {
  * context's work, as the driver's release did. */
 #define OOM_FAR_NS 100000000ull
 
-/* Releases the entries of c that f->take picks: device blocks through
+/* Releases the entries of c that f->take picks, of the kinds in mask: device blocks through
  * cuMemFreeAsync behind their fence, the others with the driver's release.
  * A synchronisation (why CD_FLUSH_SYNC) leaves the entries whose other
  * contexts' records have not passed: the program waited for its context
  * only. Other flushes WAIT for those records (until f->far_deadline). With
  * f->settle, WAITS until c's frees in flight have given the memory back.
  * Notes in f whether there was anything to do. MAY WAIT. */
-static void flush_context(struct cd_ctx *c, struct flush *f)
+static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
 {
     enum cd_flush_reason why = f->why;
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
     struct cd_take take = f->take;
+    take.mask &= mask;
+    /* Frees in flight are device blocks. */
+    bool settle = f->settle && (take.mask & (1u << CD_DEVICE));
     take.far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
     /* A context with a sticky error keeps its entries for its destruction:
      * every release in it would fail. */
@@ -222,7 +264,7 @@ static void flush_context(struct cd_ctx *c, struct flush *f)
     size_t n = atomic_load(&c->sticky)
                    ? 0
                    : cd_books_take_all(c, &take, &kept, &list);
-    bool frees = f->settle && cd_waiter_pending(c);
+    bool frees = settle && cd_waiter_pending(c);
     cd_books_transit((long long)n);
     if (!n && !frees) {
         cd_books_transit(-1);
@@ -316,7 +358,7 @@ static void flush_context(struct cd_ctx *c, struct flush *f)
     cd_ctx_event_trim(c, why != CD_FLUSH_SYNC);
     cd_scope_leave(&sc);
     cd_books_transit(-(long long)n - 1);
-    if (f->settle)
+    if (settle)
         cd_waiter_settle(c, true);
     cd_range_pop();
     cd_log(CD_LOG_INFO, "flush (%s) of context %p: %zu entries, %d released with the driver's "
@@ -326,8 +368,12 @@ static void flush_context(struct cd_ctx *c, struct flush *f)
 
 static void flush_each(struct cd_ctx *c, void *arg)
 {
+    struct flush *f = arg;
+    unsigned mask = reach_mask(f->reach, c) & f->take.mask;
+    if (!mask)
+        return;
     cd_ctx_warm_up(c);
-    flush_context(c, arg);
+    flush_context(c, f, mask);
 }
 
 /* Makes f in every context. MAY WAIT. */
@@ -378,19 +424,30 @@ void cd_context_synchronized(CUcontext ctx)
     cd_ctx_warm_up(c);
     struct flush f = {.why = CD_FLUSH_SYNC, .take = CD_TAKE_ALL(CD_ALL_KINDS)};
     f.take.keep = cd_option_int(CD_OPT_KEEP);
-    flush_context(c, &f);
+    flush_context(c, &f, CD_ALL_KINDS);
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }
 
 /* ---- out of memory ------------------------------------------------------------ */
 
+/* A look or a round of an allocation short of memory: what may serve it,
+ * and what the look found. */
+struct oom_walk {
+    const struct reach *reach;
+    bool found;
+};
+
 /* Frees c's device blocks whose fence has passed on its idle stream and
- * settles them there and then; settles the completed frees in flight. Does
+ * settles them there and then; settles the completed frees in flight; in
+ * the contexts whose device blocks may serve the walk's allocation. Does
  * not wait for unfinished GPU work. */
 static void reclaim_ready(struct cd_ctx *c, void *arg)
 {
-    bool *any = arg;
+    struct oom_walk *w = arg;
+    bool *any = &w->found;
+    if (!(reach_mask(w->reach, c) & (1u << CD_DEVICE)))
+        return;
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
     struct cd_link list;
@@ -408,9 +465,11 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
 
 static void note_held(struct cd_ctx *c, void *arg)
 {
-    bool *held = arg;
-    if (!cd_books_empty(c) || cd_waiter_pending(c) || cd_books_claims(c))
-        *held = true;
+    struct oom_walk *w = arg;
+    unsigned mask = reach_mask(w->reach, c);
+    if (cd_books_holds(c, mask) || cd_books_claims(c) ||
+        ((mask & (1u << CD_DEVICE)) && cd_waiter_pending(c)))
+        w->found = true;
 }
 
 /* Whether the engine holds anything the program released: on the books of
@@ -422,14 +481,14 @@ static void note_held(struct cd_ctx *c, void *arg)
  * of transit and put some back after the look at its context, or held
  * them past it, left an allocation thinking that nothing was held while
  * the driver lacked what the engine held. Does not wait. */
-static bool holds_anything(void)
+static bool holds_anything(const struct reach *reach)
 {
     unsigned long long before, after;
     if (cd_books_in_transit(&before) > 0)
         return true;
-    bool held = false;
-    cd_ctx_each(note_held, &held);
-    return held || cd_books_in_transit(&after) > 0 || after != before;
+    struct oom_walk w = {.reach = reach};
+    cd_ctx_each(note_held, &w);
+    return w.found || cd_books_in_transit(&after) > 0 || after != before;
 }
 
 /* Waits for what reuses claim (each for at most an allocation's cost). */
@@ -442,25 +501,28 @@ static void claims_wait(struct cd_ctx *c, void *arg)
     }
 }
 
+/* Settles c's frees in flight where device blocks may serve the walk's
+ * allocation. WAITS for their fences. */
 static void settle_each(struct cd_ctx *c, void *arg)
 {
-    (void)arg;
-    cd_waiter_settle(c, true);
+    const struct reach *reach = arg;
+    if (reach_mask(reach, c) & (1u << CD_DEVICE))
+        cd_waiter_settle(c, true);
 }
 
-/* Everything the engine holds goes back to the driver, but what ending
- * contexts hold back (*held_back). WAITS for the GPU. */
-static bool reclaim_waiting(const struct cd_alloc *a, bool *held_back)
+/* Everything the engine holds that reach takes goes back to the driver,
+ * but what ending contexts hold back (*held_back). WAITS for the GPU. */
+static bool reclaim_waiting(const struct cd_alloc *a, const struct reach *reach, bool *held_back)
 {
     const char *call = a->call;
-    if (!holds_anything())
+    if (!holds_anything(reach))
         return false;
     cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
            "cudefer holds, then retrying", call);
     cd_range_push("cudefer: out of memory, waiting for released memory");
     cd_ctx_each(claims_wait, NULL);
-    struct flush f = {.why = CD_FLUSH_OOM, .take = CD_TAKE_ALL(CD_ALL_KINDS), .settle = true,
-                      .far_deadline = cd_now_ns() + OOM_FAR_NS};
+    struct flush f = {.why = CD_FLUSH_OOM, .take = CD_TAKE_ALL(CD_ALL_KINDS), .reach = reach,
+                      .settle = true, .far_deadline = cd_now_ns() + OOM_FAR_NS};
     flush_all(&f);
     *held_back = f.held;
     /* Entries another thread's flush holds at this moment come back when
@@ -468,7 +530,7 @@ static bool reclaim_waiting(const struct cd_alloc *a, bool *held_back)
     if (!cd_books_transit_wait(60))
         cd_log(CD_LOG_ERROR, "%s: another thread's flush has held released memory for a "
                "minute; retrying without it", call);
-    cd_ctx_each(settle_each, NULL);
+    cd_ctx_each(settle_each, (void *)reach);
     cd_range_pop();
     return true;
 }
@@ -523,13 +585,18 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
         return false;
     if (recheck(a))
         return true;
+    if (a->mem == CD_MEM_CURRENT) {
+        struct cd_ctx *cur = cd_ctx_current();
+        a->mem = cur ? (int)cur->device : CD_MEM_ANY;
+    }
+    struct reach reach = reach_of(a->mem);
     if (a->level == 0) {
         a->level = 1;
-        bool any = false;
+        struct oom_walk w = {.reach = &reach};
         cd_range_push("cudefer: out of memory, taking back released memory");
-        cd_ctx_each(reclaim_ready, &any);
+        cd_ctx_each(reclaim_ready, &w);
         cd_range_pop();
-        if (any) {
+        if (w.found) {
             atomic_fetch_add(&cd_stats.reclaims, 1);
             cd_log(CD_LOG_DEBUG, "%s ran out of memory: took back what needed no waiting, "
                    "retrying", a->call);
@@ -540,7 +607,7 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
      * before the retry is taken back too. */
     a->level++;
     bool held = false;
-    if (!reclaim_waiting(a, &held)) {
+    if (!reclaim_waiting(a, &reach, &held)) {
         /* Nothing held now; what another thread settled since the ask is
          * back with the driver. */
         return recheck(a);
