@@ -344,7 +344,8 @@ check_registered() {
 check_hidden_wait() {
     say "== 9. hidden-wait"
     local c
-    for c in pinned device-cache second-context other-context-sync register-over oom-other; do
+    for c in pinned device-cache second-context other-context-sync register-over oom-kind \
+        oom-other; do
         run_both hidden-wait "$c" 30 -- "$BIN/hidden_wait" "$c"
     done
 }

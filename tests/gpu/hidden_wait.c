@@ -44,6 +44,15 @@
  *                   block's size: out of memory but for that block. The driver freed it at its release (its own
  *                   context was idle); cudefer must give it back without
  *                   waiting for the other context's kernel for long
+ *   oom-kind        a pinned block allocated while the GPU is idle; the flag
+ *                   kernel starts; another thread frees the block (the
+ *                   driver's cuMemFreeHost waits there for the kernel, which
+ *                   waits for this thread); this thread asks cuMemAlloc for
+ *                   twice the device's memory: the driver answers out of
+ *                   memory at once, and pinned memory cannot serve a device
+ *                   allocation, so cudefer must not wait for that block's
+ *                   fence before giving the same answer (alloc_rc must be
+ *                   CUDA_ERROR_OUT_OF_MEMORY)
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
@@ -256,11 +265,33 @@ static int in_the_other_context(const char *name, CUcontext ctx2, const struct o
     return 0;
 }
 
+/* oom-kind's other thread: frees the pinned block in the primary context. */
+struct pinned_release {
+    CUcontext ctx;
+    void *block;
+};
+
+static void *free_pinned_elsewhere(void *arg)
+{
+    struct pinned_release *pr = arg;
+    GC_CHECK(cuCtxSetCurrent(pr->ctx));
+    GC_CHECK(cuMemFreeHost(pr->block));
+    return NULL;
+}
+
+/* Twice the device's memory: more than it can ever give. */
+static size_t beyond_the_device(void)
+{
+    size_t free_bytes = 0, total = 0;
+    GC_CHECK(cuMemGetInfo(&free_bytes, &total));
+    return 2 * total;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
         gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync|"
-               "register-over|oom-other>");
+               "register-over|oom-other|oom-kind>");
     const char *name = argv[1];
     bool pinned = strcmp(name, "pinned") == 0;
     bool cache = strcmp(name, "device-cache") == 0;
@@ -268,7 +299,8 @@ int main(int argc, char **argv)
     bool xsync = strcmp(name, "other-context-sync") == 0;
     bool reg = strcmp(name, "register-over") == 0;
     bool oom = strcmp(name, "oom-other") == 0;
-    if (!pinned && !cache && !other && !xsync && !reg && !oom)
+    bool kind = strcmp(name, "oom-kind") == 0;
+    if (!pinned && !cache && !other && !xsync && !reg && !oom && !kind)
         gc_die("unknown case '%s'", name);
 
     gc_init();
@@ -289,6 +321,13 @@ int main(int argc, char **argv)
         free_pinned_while_idle();
     if (cache)
         free_device_while_idle();
+    struct pinned_release pr = {NULL, NULL};
+    pthread_t releaser;
+    if (kind) {
+        GC_CHECK(cuCtxGetCurrent(&pr.ctx));
+        GC_CHECK(cuMemAllocHost(&pr.block, 4 * GC_MIB));
+        GC_CHECK(cuCtxSynchronize());
+    }
     if (xsync || reg || oom)
         return in_the_other_context(name, ctx2,
                                     xsync ? &other_context_sync
@@ -299,13 +338,22 @@ int main(int argc, char **argv)
     gc_flag_arm(&flag, WATCHDOG_MS);
     if (other)
         GC_CHECK(cuCtxPushCurrent(ctx2));
+    size_t bytes = cache ? 48 * GC_MIB : GC_MIB;
+    if (kind) {
+        bytes = beyond_the_device();
+        if (pthread_create(&releaser, NULL, free_pinned_elsewhere, &pr) != 0)
+            gc_die("pthread_create failed");
+        gc_sleep_ms(20); /* the release is made (or, without cudefer, waits) */
+    }
 
     CUdeviceptr p = 0;
     double t0 = gc_now_ms();
-    CUresult rc = cuMemAlloc(&p, cache ? 48 * GC_MIB : GC_MIB);
+    CUresult rc = cuMemAlloc(&p, bytes);
     double alloc_ms = gc_now_ms() - t0;
     gc_flag_set(&flag);
     bool fired = gc_flag_disarm(&flag);
+    if (kind)
+        pthread_join(releaser, NULL);
 
     if (other) {
         CUcontext popped;

@@ -566,7 +566,10 @@ def report_capture(res, summary):
 REGISTERED_LAUNCH_MS = 1.0     # the other thread's launch during the unregister
 HIDDEN_WAIT_MS = 100.0         # an allocation while the flag kernel waits
 HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync",
-                     "register-over", "oom-other")
+                     "register-over", "oom-kind", "oom-other")
+# The measured call's answer where it is not CUDA_SUCCESS: oom-kind asks for
+# more than the device has, and the driver says so at once.
+HIDDEN_WAIT_RC = {"oom-kind": "CUDA_ERROR_OUT_OF_MEMORY"}
 # oom-other: an allocation short of memory waits up to 100 ms for other
 # contexts' work (shim/engine/reclaim.c, OOM_FAR_NS), then gives the memory
 # back; what it must not do is wait for the kernel that waits for it.
@@ -703,7 +706,8 @@ def worst_of(res, result, cases, key):
 def report_hidden_wait(res, summary):
     def judge(r, case):
         problems = []
-        if not is_success(r, "alloc_rc", "sync_rc"):
+        if (r.get("alloc_rc") != HIDDEN_WAIT_RC.get(case, "CUDA_SUCCESS")
+                or not is_success(r, "sync_rc")):
             problems.append("a call failed")
         if r.get("kernel_waiting") != "1":
             problems.append("the flag kernel was not running")
