@@ -9,8 +9,8 @@
  *   THREADS  worker threads (default $PROP_THREADS, else 6)
  *   SEED     (default $PROP_SEED, else 1): each thread's choices follow from
  *            it (the interleaving differs from run to run)
- * environment: PROP_EPOCH_MS (default 50; see below), PROP_CAPACITY (device
- * and pinned-host capacity, default 64M), PROP_KEEP_GOING=1 (report every
+ * environment: PROP_EPOCH_MS (default 50; see below), PROP_CAPACITY (each
+ * device's and the pinned-host capacity, default 64M), PROP_KEEP_GOING=1 (report every
  * failure), PROP_TIMEOUT (seconds), PROP_STALL_S (seconds, default 10, 0:
  * none: one call under way for longer fails the run, 'stall'), PROP_WRAPPED (the list of wrapped names;
  * default: the shim's one list, shim/doors/wrapped.h), PROP_DRIVER_ALONE=1 (run without the shim,
@@ -90,10 +90,16 @@
  *    last cuDevicePrimaryCtxRelease*, cuDevicePrimaryCtxReset*, an
  *    allocation that would otherwise fail for lack of memory (it fails with
  *    CUDA_ERROR_OUT_OF_MEMORY, or, at some moment while it ran, the memory
- *    the driver held - its live bytes of the capacity plus its pending
- *    frees - plus the requests of the allocations under way exceeded the
- *    capacity), and a cuMemHostRegister* overlapping a range whose
- *    unregister is pending (the driver still knows the range, asked with
+ *    the driver held of its capacity - live bytes, those cudefer keeps
+ *    deferred among them, pending frees and pools' reserves, as
+ *    testdrv_capacity_used counts them, less cudefer's own pinned words -
+ *    plus the requests of the allocations under way against the same
+ *    capacity exceeded it; the capacity is, as on a real machine, the
+ *    pinned host memory for pinned and registered memory, else the memory
+ *    of the device of the context it is made in, a green context's being
+ *    its primary's: memory given back on another device cannot serve it),
+ *    and a cuMemHostRegister* overlapping a range whose unregister is
+ *    pending (the driver still knows the range, asked with
  *    cuPointerGetAttribute);
  *  - not judged: cuModuleLoad* (the test driver's loads wait for the GPU as
  *    the real driver's do; they are made only in a thread's own context)
@@ -439,54 +445,73 @@ struct obj {
     bool loaded; /* a library loaded into a context (cuKernelGetFunction) */
 };
 
-static size_t capacity[2];
+/* The capacities of the test driver, as on a real machine: slot 0 is the
+ * pinned host memory, shared by every device; slot 1 + d is the memory of
+ * device d (the program uses devices 0 and 1). */
+#define NSLOTS 3
+static size_t capacity[NSLOTS];
 static pthread_mutex_t acct_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct inflight {
     bool active;
-    enum cls cls;
+    int slot;
     size_t req, peak;
 };
 static struct inflight inflight[HX_MAX_THREADS];
 
-/* What the driver holds of a capacity now: live bytes and pending frees. */
-static size_t driver_used(enum cls c)
+/* The capacity an allocation of class c made in context ctx counts
+ * against: pinned host memory, or the device of ctx (a green context's is
+ * its primary's: hx_ctx.dev says it). */
+static int acct_slot(enum cls c, const struct hx_ctx *ctx)
 {
-    if (c == CLS_HOST)
-        return program_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
-    return program_live_bytes(TESTDRV_DEVICE) + program_live_bytes(TESTDRV_MANAGED) +
-           program_live_bytes(TESTDRV_ARRAY) + program_live_bytes(TESTDRV_VMM) +
-           testdrv_pending_free_bytes();
+    return c == CLS_HOST ? 0 : 1 + ctx->dev;
 }
 
-static void acct_begin(int thread, enum cls c, size_t req)
+/* What the driver holds of the capacity of a slot now, as it counts it:
+ * live bytes (the blocks cudefer keeps deferred among them), pending frees
+ * and pools' reserves; of the host capacity, less cudefer's own pinned
+ * words (own.h). */
+static size_t driver_used(int slot)
+{
+    size_t used = testdrv_capacity_used(slot - 1);
+    if (slot == 0) {
+        /* Read apart from used: a context may come or go in between. */
+        size_t words = CUDEFER_WORD_BYTES * testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES);
+        used = used > words ? used - words : 0;
+    }
+    return used;
+}
+
+static void acct_begin(int thread, enum cls c, const struct hx_ctx *ctx, size_t req)
 {
     if (c == CLS_NONE)
         return;
-    size_t used = driver_used(c);
+    int slot = acct_slot(c, ctx);
+    size_t used = driver_used(slot);
     pthread_mutex_lock(&acct_lock);
-    inflight[thread] = (struct inflight){true, c, req, 0};
+    inflight[thread] = (struct inflight){true, slot, req, 0};
     size_t total = used;
     for (int i = 0; i < hx.threads; i++)
-        if (inflight[i].active && inflight[i].cls == c)
+        if (inflight[i].active && inflight[i].slot == slot)
             total += inflight[i].req;
     for (int i = 0; i < hx.threads; i++)
-        if (inflight[i].active && inflight[i].cls == c && inflight[i].peak < total)
+        if (inflight[i].active && inflight[i].slot == slot && inflight[i].peak < total)
             inflight[i].peak = total;
     pthread_mutex_unlock(&acct_lock);
 }
 
-/* Would the allocation have failed for lack of memory without what cudefer
- * gave back? (The rule of R_ALLOC.) */
+/* Would the allocation have failed for lack of memory of its capacity
+ * without what cudefer gave back? (The rule of R_ALLOC.) */
 static bool acct_end(int thread, enum cls c, CUresult rc)
 {
     if (c == CLS_NONE)
         return rc == CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&acct_lock);
     size_t peak = inflight[thread].peak;
+    int slot = inflight[thread].slot;
     inflight[thread].active = false;
     pthread_mutex_unlock(&acct_lock);
-    return rc == CUDA_ERROR_OUT_OF_MEMORY || peak + OOM_SLACK > capacity[c];
+    return rc == CUDA_ERROR_OUT_OF_MEMORY || peak + OOM_SLACK > capacity[slot];
 }
 
 /* ---- workers -------------------------------------------------------------------------- */
@@ -912,7 +937,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         void *hp = NULL;
         o.kind = a == A_DEV32 ? K_DEV32 : a == A_PITCH32 ? K_PITCH32 : K_HOST32;
         o.bytes = o.size = a == A_PITCH32 ? 512 * 8 : 4096;
-        acct_begin(w->t.index, kinds[o.kind].cls, o.bytes);
+        acct_begin(w->t.index, kinds[o.kind].cls, c, o.bytes);
         probe_begin(w, &p, name, "(%zu) in %s", o.bytes, c->name);
         rc = a == A_DEV32 ? api.mem_alloc_v1(&p32, 4096)
              : a == A_PITCH32 ? api.pitch_v1(&p32, &pitch, 100, 8, 4)
@@ -925,7 +950,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         CUdeviceptr d = 0;
         o.kind = a == A_DEVICE ? K_DEVICE : K_MANAGED;
         o.bytes = o.size = n;
-        acct_begin(w->t.index, CLS_DEVICE, n);
+        acct_begin(w->t.index, CLS_DEVICE, c, n);
         probe_begin(w, &p, name, "(%zu) in %s", n, c->name);
         rc = a == A_DEVICE ? cuMemAlloc(&d, n) : cuMemAllocManaged(&d, n, CU_MEM_ATTACH_GLOBAL);
         /* It may have waited for a block this thread released while the
@@ -939,7 +964,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         size_t pitch = 0, width = 1 + hx_below(&w->t, 2048), height = 1 + hx_below(&w->t, 32);
         o.kind = K_PITCH;
         o.bytes = (width + 511) / 512 * 512 * height;
-        acct_begin(w->t.index, CLS_DEVICE, o.bytes);
+        acct_begin(w->t.index, CLS_DEVICE, c, o.bytes);
         probe_begin(w, &p, name, "(%zu x %zu) in %s", width, height, c->name);
         rc = cuMemAllocPitch(&d, &pitch, width, height, 4);
         o.h = (uintptr_t)d;
@@ -952,7 +977,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         unsigned fl = hx_below(&w->t, 8);
         o.kind = a == A_HOST ? K_HOST : K_HOSTALLOC;
         o.bytes = o.size = n;
-        acct_begin(w->t.index, CLS_HOST, n);
+        acct_begin(w->t.index, CLS_HOST, c, n);
         probe_begin(w, &p, name, "(%zu) in %s", n, c->name);
         rc = a == A_HOST ? cuMemAllocHost(&hp, n) : cuMemHostAlloc(&hp, n, fl);
         o.h = (uintptr_t)hp;
@@ -972,7 +997,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         o.npages = np;
         o.bytes = o.size = (size_t)np * HX_PAGE;
         o.h = (uintptr_t)hx_page_at(&w->reg, first);
-        acct_begin(w->t.index, CLS_HOST, o.bytes);
+        acct_begin(w->t.index, CLS_HOST, c, o.bytes);
         probe_begin(w, &p, name, "(pages %d..%d%s) in %s", first, first + np - 1,
                     overlap ? ", over a pending unregister" : "", c->name);
         rc = a == A_REGISTER ? cuMemHostRegister((void *)o.h, o.bytes, 0)
@@ -987,7 +1012,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         unsigned width = 32 + hx_below(&w->t, 480), height = 1 + hx_below(&w->t, 32);
         o.kind = a == A_MIPMAP ? K_MIPMAP : K_ARRAY;
         o.bytes = (size_t)width * height * 4;
-        acct_begin(w->t.index, CLS_DEVICE, o.bytes);
+        acct_begin(w->t.index, CLS_DEVICE, c, o.bytes);
         probe_begin(w, &p, name, "(%u x %u) in %s", width, height, c->name);
         CUarray arr = NULL;
         CUmipmappedArray mip = NULL;
@@ -1014,7 +1039,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         CUlibrary lib = NULL;
         o.kind = K_LIBRARY;
         o.ctx = NULL;
-        acct_begin(w->t.index, CLS_NONE, 0);
+        acct_begin(w->t.index, CLS_NONE, c, 0);
         probe_begin(w, &p, name, "%s", "");
         rc = a == A_LIBRARY_DATA
                  ? cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0)
@@ -1039,7 +1064,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
             return;
         o.kind = K_ASYNC;
         o.bytes = o.size = n;
-        acct_begin(w->t.index, CLS_DEVICE, n);
+        acct_begin(w->t.index, CLS_DEVICE, c, n);
         probe_begin(w, &p, name, "(%zu) on stream 0 in %s", n, c->name);
         if (a == A_ASYNC)
             rc = cuMemAllocAsync(&d, n, s);
@@ -1060,7 +1085,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
                                                  .id = c->dev}};
         o.kind = K_VMM;
         o.bytes = (size_t)2 << 20;
-        acct_begin(w->t.index, CLS_DEVICE, o.bytes);
+        acct_begin(w->t.index, CLS_DEVICE, c, o.bytes);
         probe_begin(w, &p, name, "(2 MiB) on device %d", c->dev);
         rc = cuMemCreate(&h, o.bytes, &prop, 0);
         o.h = (uintptr_t)h;
@@ -1069,7 +1094,7 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
     default: {
         CUmodule m = NULL;
         o.kind = K_MODULE;
-        acct_begin(w->t.index, CLS_NONE, 0);
+        acct_begin(w->t.index, CLS_NONE, c, 0);
         probe_begin(w, &p, name, "in %s", c->name);
         if (a == A_MODULE)
             rc = cuModuleLoad(&m, "any.cubin");
@@ -1936,7 +1961,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "property: the warm-up failed\n");
         return 2;
     }
-    capacity[CLS_DEVICE] = capacity[CLS_HOST] = cap;
+    for (int i = 0; i < NSLOTS; i++)
+        capacity[i] = cap;
     testdrv_set_device_capacity(cap);
     testdrv_set_host_capacity(cap);
     printf("property: %llu operations, %d threads, seed %llu, epochs of %u ms, capacity %zu, "

@@ -10,8 +10,10 @@
  *   SEED     (default $RACE_SEED, else 1); each thread's choices follow
  *            from it, so a seed replays the same operations per thread (the
  *            interleaving of the threads differs from run to run)
- * environment: RACE_CAPACITY (device and pinned-host capacity, default 4M:
- * small, so that allocations run out of memory now and then),
+ * environment: RACE_CAPACITY (each device's capacity and the pinned-host
+ * one, default 2M: small, so that allocations run out of memory now and
+ * then; each device has its own, so 2M keeps them short about as often as
+ * the 4M that both devices once shared),
  * RACE_KEEP_GOING=1 (report every failure, not only the first),
  * RACE_TIMEOUT (seconds; default one per 500 operations, at least 120),
  * RACE_STALL_S (seconds, default 5; 0: no limit): one call under way for
@@ -89,20 +91,23 @@
  *    invalidated ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a stream
  *    query answers CUDA_ERROR_NOT_READY) and the out-of-memory rule below;
  *  - out of memory: the harness retries nothing, and counts under its own
- *    lock the bytes each capacity (device: device, pitched, managed memory
- *    and arrays; pinned host: pinned and registered memory) holds for the
- *    program: live objects (an object counts from the moment its allocation
- *    starts until its release or its context's destruction has returned)
- *    plus the requests of allocations under way in other threads. An
- *    allocation may fail with CUDA_ERROR_OUT_OF_MEMORY only if, at some
- *    moment while it ran, that count plus its own request exceeded the
- *    capacity less the device bytes the test driver itself counts as freed
- *    but not yet given back (testdrv_pending_free_bytes, read after the
- *    failure), or, for pinned host memory, less cudefer's own pinned words
- *    (own.h, read after the failure). Memory the program released is never
- *    counted: an allocation
- *    must not fail while cudefer still holds memory the program released
- *    before it;
+ *    lock the bytes each capacity holds for the program, as on a real
+ *    machine: each device's own (device, pitched, managed memory and arrays
+ *    made in a context of that device; a green context's device is its
+ *    primary's) and pinned host memory, one for both devices (pinned and
+ *    registered memory). It counts live objects (an object counts from the
+ *    moment its allocation starts until its release or its context's
+ *    destruction has returned) plus the requests of allocations of the same
+ *    capacity under way in other threads. An allocation may fail with
+ *    CUDA_ERROR_OUT_OF_MEMORY only if, at some moment while it ran, that
+ *    count of its capacity plus its own request exceeded the capacity less,
+ *    for device memory, the bytes of that device the test driver itself
+ *    counts as freed but not yet given back (testdrv_pending_free_bytes_on,
+ *    read after the failure), or, for pinned host memory, less cudefer's
+ *    own pinned words (own.h, read after the failure). Memory the program
+ *    released is never counted: an allocation must not fail while cudefer
+ *    still holds memory of its capacity that the program released before
+ *    it;
  *  - registered pages: right after cuMemHostUnregister returns, every kernel
  *    that wrote the pages before must have finished (an event recorded
  *    after each of them, queried), and the harness fills the pages with a
@@ -110,8 +115,8 @@
  *    and at the end (a writing kernel of the test driver stamps the host
  *    memory it writes);
  *  - every stream capture invalidated was one the program invalidated;
- *  - meminfo: cuMemGetInfo_v2 answers, with the capacity as its total and
- *    no more free than that.
+ *  - meminfo: cuMemGetInfo_v2 answers, with the capacity of the current
+ *    context's device as its total and no more free than that.
  * At the end, after every thread has released everything and main has
  * synchronised every context and called cudefer_flush: testdrv_live of
  * every kind is back to its value at the start, no freed device memory is
@@ -223,6 +228,7 @@ struct obj {
     enum okind kind;
     uintptr_t h;          /* address or handle */
     size_t bytes;         /* counted against its capacity */
+    int acct;             /* that capacity (acct_slot) */
     size_t size;          /* bytes a kernel may write (memory) */
     struct hx_ctx *ctx;    /* its context (a library: none) */
     int page, npages;     /* registered pages */
@@ -235,61 +241,79 @@ struct obj {
     struct hx_ctx *fn_ctx;
 };
 
-static size_t capacity[2];
-static pthread_mutex_t acct_lock = PTHREAD_MUTEX_INITIALIZER;
-static size_t acct_live[2];       /* bytes of live objects */
+/* The capacities the program's memory counts against, as the test driver
+ * counts them: pinned host memory, one for every device, and each device's
+ * own (ACCT_DEVICE + its ordinal; main makes contexts of devices 0 and 1). */
+#define DEVICES 2
+enum { ACCT_NONE = -1, ACCT_HOST, ACCT_DEVICE, ACCT_COUNT = ACCT_DEVICE + DEVICES };
 
-/* An allocation under way: its request, and the most the program held
- * (with every allocation under way) while it ran. */
+/* The capacity an object of kind k made in context c counts against (a
+ * green context's device is its primary's: hx_ctx.dev says so). */
+static int acct_slot(enum okind k, const struct hx_ctx *c)
+{
+    switch (kinds[k].cls) {
+    case CLS_DEVICE: return ACCT_DEVICE + c->dev;
+    case CLS_HOST: return ACCT_HOST;
+    default: return ACCT_NONE;
+    }
+}
+
+static size_t capacity[ACCT_COUNT];
+static pthread_mutex_t acct_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t acct_live[ACCT_COUNT]; /* bytes of live objects */
+
+/* An allocation under way: its capacity, its request, and the most the
+ * program held of that capacity (with every allocation under way) while it
+ * ran. */
 struct inflight {
     bool active;
-    enum cls cls;
+    int slot;
     size_t req, peak;
 };
 static struct inflight inflight[HX_MAX_THREADS];
 
-static size_t acct_total(enum cls c)
+static size_t acct_total(int slot)
 {
-    size_t n = acct_live[c];
+    size_t n = acct_live[slot];
     for (int i = 0; i < hx.threads; i++)
-        if (inflight[i].active && inflight[i].cls == c)
+        if (inflight[i].active && inflight[i].slot == slot)
             n += inflight[i].req;
     return n;
 }
 
-static void acct_begin(int thread, enum cls c, size_t req)
+static void acct_begin(int thread, int slot, size_t req)
 {
-    if (c == CLS_NONE)
+    if (slot == ACCT_NONE)
         return;
     pthread_mutex_lock(&acct_lock);
-    inflight[thread] = (struct inflight){true, c, req, 0};
-    size_t total = acct_total(c);
+    inflight[thread] = (struct inflight){true, slot, req, 0};
+    size_t total = acct_total(slot);
     for (int i = 0; i < hx.threads; i++)
-        if (inflight[i].active && inflight[i].cls == c && inflight[i].peak < total)
+        if (inflight[i].active && inflight[i].slot == slot && inflight[i].peak < total)
             inflight[i].peak = total;
     pthread_mutex_unlock(&acct_lock);
 }
 
 /* Ends the allocation; returns the peak it saw (its request included). */
-static size_t acct_end(int thread, enum cls c, bool ok)
+static size_t acct_end(int thread, int slot, bool ok)
 {
-    if (c == CLS_NONE)
+    if (slot == ACCT_NONE)
         return 0;
     pthread_mutex_lock(&acct_lock);
     size_t peak = inflight[thread].peak;
     if (ok)
-        acct_live[c] += inflight[thread].req;
+        acct_live[slot] += inflight[thread].req;
     inflight[thread].active = false;
     pthread_mutex_unlock(&acct_lock);
     return peak;
 }
 
-static void acct_release(enum cls c, size_t bytes)
+static void acct_release(int slot, size_t bytes)
 {
-    if (c == CLS_NONE)
+    if (slot == ACCT_NONE)
         return;
     pthread_mutex_lock(&acct_lock);
-    acct_live[c] -= bytes;
+    acct_live[slot] -= bytes;
     pthread_mutex_unlock(&acct_lock);
 }
 
@@ -454,26 +478,34 @@ static void record_writer(struct worker *w, struct obj *o, int slot, CUstream s,
 /* ---- allocations ------------------------------------------------------------------ */
 
 /* Judges an allocation's answer by the out-of-memory rule (file comment). */
-static bool judge_alloc(struct worker *w, const char *call, CUresult rc, enum cls c,
+static bool judge_alloc(struct worker *w, const char *call, CUresult rc, int slot,
                         size_t req, size_t peak)
 {
     if (rc == CUDA_SUCCESS)
         return true;
-    if (rc != CUDA_ERROR_OUT_OF_MEMORY || c == CLS_NONE)
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || slot == ACCT_NONE)
         return hx_expect(&w->t, call, rc, CUDA_SUCCESS);
-    /* What the driver holds that is not the program's: device frees not
-     * yet synchronised, and cudefer's own pinned words (own.h). */
-    size_t pending = c == CLS_DEVICE
-                         ? testdrv_pending_free_bytes()
+    /* What the driver holds of this capacity that is not the program's:
+     * the device's frees not yet synchronised, and cudefer's own pinned
+     * words (own.h). */
+    int dev = slot - ACCT_DEVICE;
+    size_t pending = slot != ACCT_HOST
+                         ? testdrv_pending_free_bytes_on(dev)
                          : CUDEFER_WORD_BYTES * testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES);
-    size_t room = capacity[c] > pending ? capacity[c] - pending : 0;
-    if (peak <= room)
+    size_t room = capacity[slot] > pending ? capacity[slot] - pending : 0;
+    if (peak <= room) {
+        char what[32];
+        if (slot == ACCT_HOST)
+            snprintf(what, sizeof what, "pinned host");
+        else
+            snprintf(what, sizeof what, "device %d", dev);
         hx_fail(&w->t, "oom-while-held",
                 "%s(%zu bytes) failed with out of memory, yet the program held at most %zu of "
                 "the %zu bytes of %s capacity while it ran (request and other threads' "
                 "allocations under way included; %zu bytes the driver holds that are not the "
                 "program's): memory the program had released was still held back", call, req,
-                peak, capacity[c], c == CLS_DEVICE ? "device" : "pinned host", pending);
+                peak, capacity[slot], what, pending);
+    }
     w->ooms++;
     return false;
 }
@@ -483,16 +515,15 @@ static void allocate(struct worker *w, enum okind k)
     if (k == K_REGISTERED && skip_register)
         k = K_DEVICE;
     struct hx_ctx *c = cur(w);
-    struct obj o = {.kind = k, .ctx = c, .page = -1};
+    struct obj o = {.kind = k, .ctx = c, .page = -1, .acct = acct_slot(k, c)};
     size_t n = pick_size(w);
     CUresult rc;
-    enum cls cl = kinds[k].cls;
     switch (k) {
     case K_PITCH: {
         size_t width = 1 + hx_below(&w->t, 4096), height = 1 + hx_below(&w->t, 64), pitch = 0;
         unsigned elem = 4u << hx_below(&w->t, 3);
         o.bytes = (width + 511) / 512 * 512 * height;
-        acct_begin(w->t.index, cl, o.bytes);
+        acct_begin(w->t.index, o.acct, o.bytes);
         hx_begin(&w->t, "cuMemAllocPitch(%zu x %zu, %u) in %s", width, height, elem, c->name);
         CUdeviceptr p = 0;
         rc = cuMemAllocPitch(&p, &pitch, width, height, elem);
@@ -514,7 +545,7 @@ static void allocate(struct worker *w, enum okind k)
         o.read_only = flags & CU_MEMHOSTREGISTER_READ_ONLY;
         o.bytes = o.size = (size_t)np * HX_PAGE;
         o.h = (uintptr_t)hx_page_at(&w->reg, first);
-        acct_begin(w->t.index, cl, o.bytes);
+        acct_begin(w->t.index, o.acct, o.bytes);
         hx_begin(&w->t, "cuMemHostRegister(pages %d..%d, %#x) in %s", first, first + np - 1,
                  flags, c->name);
         rc = cuMemHostRegister((void *)o.h, o.bytes, flags);
@@ -526,7 +557,7 @@ static void allocate(struct worker *w, enum okind k)
         size_t width = 32 + hx_below(&w->t, 993), height = hx_below(&w->t, 64);
         size_t depth = k == K_ARRAY ? 0 : hx_below(&w->t, 3);
         o.bytes = width * (height ? height : 1) * (depth ? depth : 1) * 4;
-        acct_begin(w->t.index, cl, o.bytes);
+        acct_begin(w->t.index, o.acct, o.bytes);
         hx_begin(&w->t, "%s(%zu x %zu x %zu) in %s", kinds[k].alloc, width, height, depth,
                  c->name);
         if (k == K_ARRAY) {
@@ -594,7 +625,7 @@ static void allocate(struct worker *w, enum okind k)
     }
     default: {
         o.bytes = o.size = n;
-        acct_begin(w->t.index, cl, n);
+        acct_begin(w->t.index, o.acct, n);
         if (k == K_DEVICE || k == K_MANAGED) {
             CUdeviceptr p = 0;
             unsigned flags = hx_below(&w->t, 2) ? CU_MEM_ATTACH_GLOBAL : CU_MEM_ATTACH_HOST;
@@ -618,8 +649,8 @@ static void allocate(struct worker *w, enum okind k)
     }
     }
     hx_end(&w->t, rc);
-    size_t peak = acct_end(w->t.index, cl, rc == CUDA_SUCCESS);
-    if (!judge_alloc(w, kinds[k].alloc, rc, cl, o.bytes, peak))
+    size_t peak = acct_end(w->t.index, o.acct, rc == CUDA_SUCCESS);
+    if (!judge_alloc(w, kinds[k].alloc, rc, o.acct, o.bytes, peak))
         return;
     if (k == K_REGISTERED)
         for (int p = o.page; p < o.page + o.npages; p++)
@@ -667,7 +698,7 @@ static void release(struct worker *w, int i)
     } else if (rc == CUDA_SUCCESS) {
         released_note(&o);
     }
-    acct_release(kinds[o.kind].cls, o.bytes);
+    acct_release(o.acct, o.bytes);
     w->releases++;
 }
 
@@ -717,7 +748,7 @@ static void forget_context(struct worker *w, struct hx_ctx *c)
             drop_events(o, false);
             hx_pages_set_canaries(&w->t, &w->reg, o->page, o->npages);
         }
-        acct_release(kinds[o->kind].cls, o->bytes);
+        acct_release(o->acct, o->bytes);
         hx_note(&w->t, "  (%s %#lx freed with its context)", kinds[o->kind].alloc,
                 (unsigned long)o->h);
         *o = w->held[--w->nheld];
@@ -1413,9 +1444,10 @@ static void meminfo(struct worker *w)
     CUresult rc = cuMemGetInfo_v2(&free, &total);
     hx_end(&w->t, rc);
     if (hx_expect(&w->t, "cuMemGetInfo_v2", rc, CUDA_SUCCESS) &&
-        (free > total || total != capacity[CLS_DEVICE]))
-        hx_fail(&w->t, "meminfo", "cuMemGetInfo_v2 said %zu bytes free of %zu (capacity %zu)",
-                free, total, capacity[CLS_DEVICE]);
+        (free > total || total != capacity[ACCT_DEVICE + cur(w)->dev]))
+        hx_fail(&w->t, "meminfo",
+                "cuMemGetInfo_v2 in %s said %zu bytes free of %zu (device %d's capacity %zu)",
+                cur(w)->name, free, total, cur(w)->dev, capacity[ACCT_DEVICE + cur(w)->dev]);
 }
 
 static void one_operation(void *arg)
@@ -1537,7 +1569,7 @@ int main(int argc, char **argv)
     hx_parse(argc, argv, "race", "RACE", DEFAULT_OPS, DEFAULT_THREADS, 500);
     hx_released_destroy_with(destroy_event);
     const char *env = getenv("RACE_CAPACITY");
-    size_t cap = env && *env ? parse_size(env) : (size_t)4 << 20;
+    size_t cap = env && *env ? parse_size(env) : (size_t)2 << 20;
     if ((env = getenv("RACE_SKIP"))) {
         skip_green = strstr(env, "green"), skip_own = strstr(env, "own");
         skip_role = strstr(env, "role"), skip_reset = strstr(env, "reset");
@@ -1580,7 +1612,8 @@ int main(int argc, char **argv)
     size_t base[NLIVE];
     for (size_t k = 0; k < NLIVE; k++)
         base[k] = program_live(live_kinds[k].kind);
-    capacity[CLS_DEVICE] = capacity[CLS_HOST] = cap;
+    for (int i = 0; i < ACCT_COUNT; i++)
+        capacity[i] = cap;
     testdrv_set_device_capacity(cap);
     testdrv_set_host_capacity(cap);
 
