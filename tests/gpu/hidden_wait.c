@@ -48,11 +48,13 @@
  *                   kernel starts; another thread frees the block (the
  *                   driver's cuMemFreeHost waits there for the kernel, which
  *                   waits for this thread); this thread asks cuMemAlloc for
- *                   twice the device's memory: the driver answers out of
- *                   memory at once, and pinned memory cannot serve a device
- *                   allocation, so cudefer must not wait for that block's
- *                   fence before giving the same answer (alloc_rc must be
- *                   CUDA_ERROR_OUT_OF_MEMORY)
+ *                   twice the device's memory (alloc_rc must be
+ *                   CUDA_ERROR_OUT_OF_MEMORY). Without cudefer that call
+ *                   waits behind the other thread's cuMemFreeHost until the
+ *                   watchdog (bench/RESULTS.md, run 98); with cudefer the
+ *                   release returns at once, and pinned memory cannot serve
+ *                   a device allocation, so the allocation must not wait for
+ *                   that block's fence before answering
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>

@@ -568,7 +568,7 @@ HIDDEN_WAIT_MS = 100.0         # an allocation while the flag kernel waits
 HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync",
                      "register-over", "oom-kind", "oom-other")
 # The measured call's answer where it is not CUDA_SUCCESS: oom-kind asks for
-# more than the device has, and the driver says so at once.
+# more than the device has.
 HIDDEN_WAIT_RC = {"oom-kind": "CUDA_ERROR_OUT_OF_MEMORY"}
 # oom-other: an allocation short of memory waits up to 100 ms for other
 # contexts' work (shim/engine/reclaim.c, OOM_FAR_NS), then gives the memory
