@@ -17,10 +17,10 @@
  * stream by CU_STREAM_PER_THREAD and through the _ptsz entry points, to a
  * graph, GLOBAL ones around a launch) and captures the program invalidates,
  * cuCtxSynchronize[_v2], cudefer_flush, cuMemGetInfo[_v2] (never above the
- * capacity less what the program holds live), allocations of every kind the shim
- * tracks, and releases of every kind - of live objects, double releases,
- * pointers inside allocations, pointers of the wrong kind, bogus and NULL
- * pointers, objects of destroyed contexts.
+ * current device's capacity less what the program holds live there),
+ * allocations of every kind the shim tracks, and releases of every kind -
+ * of live objects, double releases, pointers inside allocations, pointers
+ * of the wrong kind, bogus and NULL pointers, objects of destroyed contexts.
  *
  * Checked after every operation:
  *  - no kernel touched memory that was not live (testdrv_faults() == 0),
@@ -37,8 +37,11 @@
  *    follows the test driver's rules: tests/driver/memory.c, arrays.c,
  *    modules.c), and so do cuCtxSynchronize and the allocations' context
  *    checks;
- *  - an allocation that fits in what the program holds live succeeds:
- *    what the shim holds back must never make it fail;
+ *  - an allocation that fits in its capacity beside what the program holds
+ *    live of that capacity succeeds: what the shim holds back must never
+ *    make it fail. As in the test driver, pinned host memory is one
+ *    capacity and each device's memory another: an object counts against
+ *    the device of the context it was allocated in;
  *  - an address handed out is never one that is live already.
  * Checked at the end of every input:
  *  - after cudefer_flush, the driver's live count of every kind is what
@@ -247,14 +250,34 @@ static void expect_rc(const char *what, CUresult got, CUresult want)
         FAIL("%s returned %d, the driver would return %d", what, (int)got, (int)want);
 }
 
-static size_t used_capacity(bool device)
+/* Capacities, as the test driver counts them: -1 is pinned host memory,
+ * shared by every device; 0..NDEV-1 are the devices' memories, each
+ * device_capacity bytes. */
+static size_t capacity_bytes(int cap)
+{
+    return cap < 0 ? host_capacity : device_capacity;
+}
+
+/* The capacity an allocation of kind k made in context slot counts
+ * against: the host's, or for device-side kinds the device of that context
+ * (a green context's slot holds its primary's device). slot must be a
+ * context's for device-side kinds. */
+static int alloc_capacity(enum mkind k, int slot)
+{
+    return on_device_capacity(k) ? ctxs[slot].dev : -1;
+}
+
+/* What the program holds live of capacity cap. An object's context is the
+ * one current at its allocation (op_green records its block under the
+ * primary context, of the same device). */
+static size_t used_capacity(int cap)
 {
     size_t sum = 0;
     for (int i = 0; i < nobjs; i++)
-        if (objs[i].state == LIVE && on_device_capacity(objs[i].kind) == device)
+        if (objs[i].state == LIVE && alloc_capacity(objs[i].kind, objs[i].ctx) == cap)
             sum += objs[i].bytes; /* modules and libraries count 0 */
     /* cudefer's own pinned words (own.h) take room too. */
-    if (!device)
+    if (cap < 0)
         sum += CUDEFER_WORD_BYTES * testdrv_live_sized(TESTDRV_HOST, CUDEFER_WORD_BYTES);
     return sum;
 }
@@ -495,15 +518,16 @@ static void nowait_end(const struct nowait *m, bool valid)
              atomic_load(&helper_fired) ? " (stuck: the helper released the kernels)" : "");
 }
 
-/* Would an allocation of bytes of kind k fail without what cudefer gives
- * back (what the driver holds of the capacity, pending frees included)? */
-static bool needs_reclaim(enum mkind k, size_t bytes)
+/* Would an allocation of bytes of kind k, with context slot current, fail
+ * without what cudefer gives back (what the driver holds of its capacity,
+ * pending frees included)? Without a current context (slot -1) a
+ * device-side allocation fails at the context check, before any reclaim. */
+static bool needs_reclaim(enum mkind k, int slot, size_t bytes)
 {
-    bool dev = on_device_capacity(k);
-    size_t used = dev ? program_live_bytes(TESTDRV_DEVICE) + program_live_bytes(TESTDRV_MANAGED) +
-                            program_live_bytes(TESTDRV_ARRAY) + testdrv_pending_free_bytes()
-                      : testdrv_live_bytes(TESTDRV_HOST) + program_live_bytes(TESTDRV_REGISTERED);
-    return used + bytes + RECLAIM_SLACK > (dev ? device_capacity : host_capacity);
+    if (on_device_capacity(k) && slot < 0)
+        return false;
+    int cap = alloc_capacity(k, slot);
+    return testdrv_capacity_used(cap) + bytes + RECLAIM_SLACK > capacity_bytes(cap);
 }
 
 /* ---- registered pages: kernels that wrote them, canaries --------------- */
@@ -541,6 +565,17 @@ static void canary_check(int first, int count)
                      page, i, reg_arena[(size_t)page * PAGE + i]);
         page_canary[page] = false;
     }
+}
+
+/* The program waits for the kernels of other contexts that write o's
+ * registered pages before it unregisters them, as it must without cudefer:
+ * the driver's unregister does not wait for them, cudefer's for 5 ms at
+ * most (README, limits). Under load, 5 ms pass. */
+static void wait_foreign_writers(struct mobj *o)
+{
+    for (int k = 0; k < 4; k++)
+        if (o->ev[k] && o->ev_ctx[k] != o->ctx)
+            expect_rc("cuEventSynchronize", cuEventSynchronize(o->ev[k]), CUDA_SUCCESS);
 }
 
 static void drop_events(struct mobj *o, int only_ctx, bool destroy)
@@ -832,10 +867,12 @@ static void op_meminfo(struct input *in)
     expect_rc("cuMemGetInfo", rc, want);
     if (rc != CUDA_SUCCESS)
         return;
-    size_t live = used_capacity(true);
+    /* The answer is for the current context's device. */
+    int dev = ctxs[slot].dev;
+    size_t live = used_capacity(dev);
     if (total != device_capacity || free > total - live)
-        FAIL("cuMemGetInfo said %zu bytes free of %zu; the capacity is %zu and the program "
-             "holds %zu live", free, total, device_capacity, live);
+        FAIL("cuMemGetInfo said %zu bytes free of %zu; device %d's capacity is %zu and the "
+             "program holds %zu live there", free, total, dev, device_capacity, live);
 }
 
 static void op_sync(struct input *in)
@@ -1121,10 +1158,12 @@ static CUresult alloc_front(enum mkind kind, int *slot, size_t bytes)
     CUresult rc = context_front(slot);
     if (rc != CUDA_SUCCESS)
         return rc;
-    size_t cap = on_device_capacity(kind) ? device_capacity : host_capacity;
-    /* What the program holds live must be all that counts. */
-    return used_capacity(on_device_capacity(kind)) + bytes <= cap ? CUDA_SUCCESS
-                                                                  : CUDA_ERROR_OUT_OF_MEMORY;
+    /* What the program holds live of the allocation's capacity must be all
+     * that counts: memory held on another device, or of the other kind,
+     * cannot serve it. */
+    int cap = alloc_capacity(kind, *slot);
+    return used_capacity(cap) + bytes <= capacity_bytes(cap) ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* An out-of-memory answer where the model says it cannot fit is right; so is
@@ -1140,9 +1179,10 @@ static void expect_alloc(const char *what, enum mkind kind, CUresult got, CUresu
 /* Before an allocating call: one that cannot fit without what cudefer gives
  * back is allowed to wait (the kernels that wait for the host are released
  * first, and it is not judged); true when it is judged. */
-static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, size_t bytes)
+static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, int slot,
+                        size_t bytes)
 {
-    if (needs_reclaim(k, bytes)) {
+    if (needs_reclaim(k, slot, bytes)) {
         spin_stop();
         return false;
     }
@@ -1180,7 +1220,7 @@ static void op_alloc(struct input *in)
         size_t n = pick_size(in);
         CUdeviceptr p = 0;
         want = alloc_front(K_DEVICE, &slot, n);
-        judged = alloc_begin(&m, "cuMemAlloc", K_DEVICE, n);
+        judged = alloc_begin(&m, "cuMemAlloc", K_DEVICE, slot, n);
         rc = cuMemAlloc(&p, n);
         alloc_end(&m, judged, want);
         expect_alloc("cuMemAlloc", K_DEVICE, rc, want);
@@ -1195,7 +1235,7 @@ static void op_alloc(struct input *in)
         size_t n = (w + 511) / 512 * 512 * hgt;
         CUdeviceptr p = 0;
         want = alloc_front(K_DEVICE, &slot, n);
-        judged = alloc_begin(&m, "cuMemAllocPitch", K_DEVICE, n);
+        judged = alloc_begin(&m, "cuMemAllocPitch", K_DEVICE, slot, n);
         rc = cuMemAllocPitch(&p, &pitch, w, hgt, e);
         alloc_end(&m, judged, want);
         expect_alloc("cuMemAllocPitch", K_DEVICE, rc, want);
@@ -1208,7 +1248,7 @@ static void op_alloc(struct input *in)
         unsigned flags = u8(in) & 1 ? CU_MEM_ATTACH_HOST : CU_MEM_ATTACH_GLOBAL;
         CUdeviceptr p = 0;
         want = alloc_front(K_MANAGED, &slot, n);
-        judged = alloc_begin(&m, "cuMemAllocManaged", K_MANAGED, n);
+        judged = alloc_begin(&m, "cuMemAllocManaged", K_MANAGED, slot, n);
         rc = cuMemAllocManaged(&p, n, flags);
         alloc_end(&m, judged, want);
         expect_alloc("cuMemAllocManaged", K_MANAGED, rc, want);
@@ -1222,7 +1262,7 @@ static void op_alloc(struct input *in)
         unsigned b = u8(in);
         void *p = NULL;
         want = alloc_front(K_HOST, &slot, n);
-        judged = alloc_begin(&m, b & 1 ? "cuMemAllocHost" : "cuMemHostAlloc", K_HOST, n);
+        judged = alloc_begin(&m, b & 1 ? "cuMemAllocHost" : "cuMemHostAlloc", K_HOST, slot, n);
         if (b & 1) {
             rc = cuMemAllocHost(&p, n);
         } else {
@@ -1257,7 +1297,7 @@ static void op_alloc(struct input *in)
             spin_stop();
             judged = false;
         } else {
-            judged = alloc_begin(&m, "cuMemHostRegister", K_REGISTERED, n);
+            judged = alloc_begin(&m, "cuMemHostRegister", K_REGISTERED, slot, n);
         }
         rc = cuMemHostRegister((void *)lo, n, flags);
         alloc_end(&m, judged, want);
@@ -1277,7 +1317,8 @@ static void op_alloc(struct input *in)
         bool mip = k == 8 && (u8(in) & 1);
         want = alloc_front(K_ARRAY, &slot, n);
         judged = alloc_begin(&m, k == 7 ? "cuArrayCreate" : mip ? "cuMipmappedArrayCreate"
-                                                               : "cuArray3DCreate", K_ARRAY, n);
+                                                               : "cuArray3DCreate",
+                             K_ARRAY, slot, n);
         if (k == 7) {
             CUDA_ARRAY_DESCRIPTOR desc = {.Width = w, .Height = hgt, .Format = formats[f],
                                           .NumChannels = ch};
@@ -1325,7 +1366,7 @@ static void op_alloc(struct input *in)
         enum cur cur = current(&slot);
         if (cur == CUR_DEAD)
             touched_dead = true;
-        judged = alloc_begin(&m, "cuLibraryLoadData", K_LIBRARY, 0);
+        judged = alloc_begin(&m, "cuLibraryLoadData", K_LIBRARY, slot, 0);
         rc = cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
         alloc_end(&m, judged, CUDA_SUCCESS);
         expect_rc("cuLibraryLoadData", rc, CUDA_SUCCESS);
@@ -1511,9 +1552,8 @@ static void op_release(struct input *in)
          * does not wait for them, cudefer's for 5 ms at most: README,
          * limits). */
         spin_stop();
-        for (int k = 0; live && live->kind == K_REGISTERED && k < 4; k++)
-            if (live->ev[k] && live->ev_ctx[k] != live->ctx)
-                expect_rc("cuEventSynchronize", cuEventSynchronize(live->ev[k]), CUDA_SUCCESS);
+        if (live && live->kind == K_REGISTERED)
+            wait_foreign_writers(live);
         others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1);
         got = do_release(call, key);
         others_done(rcall_names[call]);
@@ -1630,8 +1670,8 @@ static void op_green(struct input *in)
     int owner;
     CUresult want = alloc_front(K_DEVICE, &owner, 4096);
     CUdeviceptr p = 0;
-    bool judged =
-        alloc_begin(&m, "cuMemAlloc/green (with a green context current)", K_DEVICE, 4096);
+    bool judged = alloc_begin(&m, "cuMemAlloc/green (with a green context current)", K_DEVICE,
+                              owner, 4096);
     rc = cuMemAlloc(&p, 4096);
     alloc_end(&m, judged, want);
     expect_alloc("cuMemAlloc (green context current)", K_DEVICE, rc, want);
@@ -1716,6 +1756,8 @@ static void finish_input(void)
         if (any < 0 && objs[i].kind != K_LIBRARY && !is_memory(objs[i].kind))
             continue; /* unreachable: its context is gone, so it is TORN */
         enum rcall call = right_call[objs[i].kind];
+        if (objs[i].kind == K_REGISTERED)
+            wait_foreign_writers(&objs[i]);
         expect_rc(rcall_names[call], do_release(call, objs[i].key), CUDA_SUCCESS);
         objs[i].state = RELEASED;
         if (objs[i].kind == K_REGISTERED) {

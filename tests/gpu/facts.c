@@ -54,6 +54,9 @@
  *                memory; and whether the driver's cuMemHostUnregister of
  *                PORTABLE pages waits for another context's kernel that
  *                writes them (what an unregister must wait for)
+ *   evict        whether device memory that managed blocks occupy serves a
+ *                cuMemAlloc that fits only without them (the driver moving
+ *                managed pages out), and whether their contents survive
  *
  * prints RESULT lines (bench/gpu.h).
  */
@@ -1356,6 +1359,50 @@ static int fact_xctx(void)
     return 0;
 }
 
+/* Whether device memory that managed blocks occupy serves cuMemAlloc: three
+ * quarters of the free memory in managed blocks prefetched to the device,
+ * then cuMemAlloc of half the free memory, which fits only if the driver
+ * moves managed pages out. cuMemGetInfo before, after the prefetch and
+ * after the allocation; the managed block's words checked afterwards. */
+static int fact_evict(void)
+{
+    gc_init();
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdevice dev;
+    GC_CHECK(cuCtxGetDevice(&dev));
+    size_t free0 = 0, total = 0, free1 = 0, free2 = 0;
+    GC_CHECK(cuMemGetInfo(&free0, &total));
+    size_t grain = 2 * GC_MIB;
+    size_t managed = free0 / 4 * 3 / grain * grain, want = free0 / 2 / grain * grain;
+    CUdeviceptr m, d = 0;
+    GC_CHECK(cuMemAllocManaged(&m, managed, CU_MEM_ATTACH_GLOBAL));
+    CUmemLocation on_dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    double t0 = gc_now_ms();
+    GC_CHECK(cuMemPrefetchAsync(m, managed, on_dev, 0, s));
+    GC_CHECK(fill_all(s, m, managed));
+    GC_CHECK(cuStreamSynchronize(s));
+    double resident_ms = gc_now_ms() - t0;
+    GC_CHECK(cuMemGetInfo(&free1, &total));
+    t0 = gc_now_ms();
+    CUresult rc = cuMemAlloc(&d, want);
+    double alloc_ms = gc_now_ms() - t0;
+    GC_CHECK(cuMemGetInfo(&free2, &total));
+    unsigned word = 0;
+    CUresult read = cuMemcpyDtoH(&word, m + managed / 2, sizeof word);
+    printf("RESULT evict total_mib=%.0f free_mib=%.0f managed_mib=%.0f resident_ms=%.1f "
+           "free_with_managed_mib=%.0f alloc_mib=%.0f alloc_rc=%s alloc_ms=%.2f "
+           "free_after_alloc_mib=%.0f managed_word_rc=%s managed_word=%#x\n",
+           total / 1048576.0, free0 / 1048576.0, managed / 1048576.0, resident_ms,
+           free1 / 1048576.0, want / 1048576.0, gc_rc(rc), alloc_ms, free2 / 1048576.0,
+           gc_rc(read), word);
+    if (rc == CUDA_SUCCESS)
+        GC_CHECK(cuMemFree(d));
+    GC_CHECK(cuMemFree(m));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1367,6 +1414,7 @@ int main(int argc, char **argv)
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
         {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
         {"sizes", fact_sizes},     {"hostpool", fact_hostpool}, {"xctx", fact_xctx},
+        {"evict", fact_evict},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
