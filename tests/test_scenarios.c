@@ -433,6 +433,41 @@ Test(scenarios, pinned_out_of_memory_ignores_device_blocks_behind_a_waiting_kern
     CU_OK(cuCtxSynchronize());
 }
 
+/* A device that moves managed pages out of its memory makes room for a
+ * device allocation itself (run 99 of bench/RESULTS.md): released managed
+ * memory cannot serve it, and its release would wait for its context's
+ * work. Here device 0 holds 40 of its 64 MiB in device blocks and another
+ * thread released 20 MiB of managed memory behind a kernel that waits for
+ * the allocating thread: 30 MiB do not fit, with or without that release. */
+Test(scenarios, device_out_of_memory_ignores_managed_memory_behind_a_waiting_kernel,
+     .timeout = 20)
+{
+    CUcontext ctx = test_context();
+    testdrv_set_device_capacity(program_live_bytes(TESTDRV_DEVICE) +
+                                program_live_bytes(TESTDRV_MANAGED) + 64 * MIB);
+    CUdeviceptr held, e = 0;
+    CU_OK(cuMemAlloc(&held, 40 * MIB));
+    struct release_in r = {.ctx = ctx};
+    CU_OK(cuMemAllocManaged(&r.d, 20 * MIB, CU_MEM_ATTACH_GLOBAL));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    release_elsewhere(&r);
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemAlloc(&e, 30 * MIB);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "24 MiB are left beside the device blocks: the "
+                 "driver's answer is out of memory (got %d)", (int)rc);
+    cr_expect_eq(flag_then, 0, "the watchdog had let the kernel go: the allocation waited "
+                 "%llu ms for the managed block's fence", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(e));
+    CU_OK(cuMemFree(held));
+    CU_OK(cuCtxSynchronize());
+}
+
 /* Pinned memory is the host's, whichever device's context released it. */
 Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .timeout = 20)
 {

@@ -381,6 +381,7 @@ static const struct op_name op_names[] = {
     OP(driver_get_version, "cuDriverGetVersion", false),
     OP(ctx_get_current, "cuCtxGetCurrent", false),
     OP(ctx_get_device, "cuCtxGetDevice", false),
+    OP(device_get_attribute, "cuDeviceGetAttribute", false),
     OP(ctx_get_api_version, "cuCtxGetApiVersion", false),
     OP(ctx_push, "cuCtxPushCurrent_v2", false),
     OP(ctx_pop, "cuCtxPopCurrent_v2", false),

@@ -48,6 +48,7 @@ struct cd_driver_ops {
     __typeof__(cuDriverGetVersion) *driver_get_version;
     __typeof__(cuCtxGetCurrent) *ctx_get_current;
     __typeof__(cuCtxGetDevice) *ctx_get_device;
+    __typeof__(cuDeviceGetAttribute) *device_get_attribute;
     __typeof__(cuCtxGetApiVersion) *ctx_get_api_version;
     __typeof__(cuCtxPushCurrent_v2) *ctx_push;
     __typeof__(cuCtxPopCurrent_v2) *ctx_pop;

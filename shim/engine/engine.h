@@ -156,9 +156,11 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
  * second time it MAY WAIT for everything the engine holds that can serve
  * it, whoever holds it, and says so at log level info. What can serve it
  * (a->mem): for a device's memory, what holds that device's memory (device
- * blocks, arrays, modules and libraries of its contexts) and managed
- * memory anywhere; for pinned host memory, pinned blocks, registrations
- * and managed memory, in every context; when not known, everything. It answers false (the driver's out of
+ * blocks, arrays, modules and libraries of its contexts; managed memory
+ * anywhere only where the device cannot move managed pages out itself,
+ * without concurrent managed access); for pinned host memory, pinned
+ * blocks, registrations and managed memory, in every context; when not
+ * known, everything. It answers false (the driver's out of
  * memory stands) once a round finds the engine holding nothing, or after
  * eight rounds once a second has passed since the allocation began: other
  * threads may take what a round gives back, and release more, before this

@@ -188,16 +188,36 @@ struct reach {
 /* Kinds that hold pinned host memory. */
 #define HOST_SIDE ((1u << CD_HOST) | (1u << CD_REGISTERED))
 
+/* Whether dev moves managed pages out of its memory when a device
+ * allocation needs the room: on an H200 (driver 580.159.04, bench/RESULTS.md
+ * run 99) a cuMemAlloc of 71 GB beside 107 GB of managed memory resident on
+ * the device succeeded, the managed pages moved to the host with their
+ * contents. Devices without concurrent managed access (before Pascal, or
+ * without the full unified memory driver) keep managed memory on the device:
+ * there it takes device memory that only its release gives back. Does not
+ * wait. */
+static bool managed_moves_out(int dev)
+{
+    int concurrent = 0;
+    return cd_driver_ops()->device_get_attribute(
+               &concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, (CUdevice)dev) ==
+               CUDA_SUCCESS &&
+           concurrent;
+}
+
 /* What may serve an allocation of mem (engine.h, CD_MEM_*; CD_MEM_CURRENT
  * resolved). Managed memory may live in any device's memory or the host's,
- * whichever context released it. Does not wait. */
+ * whichever context released it; a device that moves managed pages out
+ * makes room for its allocations itself, without their release. Does not
+ * wait. */
 static struct reach reach_of(int mem)
 {
     if (mem == CD_MEM_HOST)
         return (struct reach){.dev = -1, .everywhere = HOST_SIDE | (1u << CD_MANAGED)};
     if (mem < 0)
         return (struct reach){.dev = -1, .everywhere = CD_ALL_KINDS};
-    return (struct reach){.dev = mem, .here = DEVICE_SIDE, .everywhere = 1u << CD_MANAGED};
+    return (struct reach){.dev = mem, .here = DEVICE_SIDE,
+                          .everywhere = managed_moves_out(mem) ? 0 : 1u << CD_MANAGED};
 }
 
 /* The kinds r takes in c (all of them without r). Does not wait. */

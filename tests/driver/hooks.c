@@ -297,6 +297,13 @@ TD_EXPORT size_t testdrv_capacity_used(int dev)
     return read_size(&td.cap_used[dev < 0 ? TD_CAP_HOST : td_cap_dev(dev)]);
 }
 
+TD_EXPORT size_t testdrv_managed_resident(int dev)
+{
+    if (dev < 0 || dev >= TD_MAX_DEVICES)
+        return 0;
+    return read_size(&td.managed_resident[td_cap_dev(dev)]);
+}
+
 TD_EXPORT size_t testdrv_pending_free_bytes(void)
 {
     size_t n = 0;

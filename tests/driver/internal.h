@@ -323,6 +323,9 @@ struct td_state {
     int ndevices;
     size_t cap_total[TD_CAP_COUNT];
     size_t cap_used[TD_CAP_COUNT];
+    /* Managed memory of each device: allocated, and resident (counted in
+     * cap_used; the rest was moved out to serve device allocations). */
+    size_t managed_live[TD_CAP_COUNT], managed_resident[TD_CAP_COUNT];
     size_t live[TESTDRV_KIND_COUNT];
     size_t live_bytes[TESTDRV_KIND_COUNT];
     size_t pending_bytes[TD_CAP_COUNT]; /* device frees passed, not synchronised */
@@ -454,6 +457,11 @@ void td_live_add(enum testdrv_kind kind, long count, long long bytes);
 /* Reserves bytes of a capacity; false if they do not fit. */
 bool td_cap_take(enum td_cap cap, size_t bytes);
 void td_cap_give(enum td_cap cap, size_t bytes);
+bool td_cap_take_managed(enum td_cap cap, size_t bytes);
+void td_cap_give_managed(enum td_cap cap, size_t bytes);
+/* Gives the capacity an allocation took back (none for an imported one). */
+struct td_alloc;
+void td_alloc_give_cap(struct td_alloc *a);
 
 /* ---- devices.c ---- */
 

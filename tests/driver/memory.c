@@ -221,9 +221,13 @@ void td_alloc_unlink(struct td_alloc *a)
 }
 
 /* Gives a's bytes back to its capacity (an imported mapping took none). */
-static void alloc_give_cap(struct td_alloc *a)
+void td_alloc_give_cap(struct td_alloc *a)
 {
-    if (!a->imported)
+    if (a->imported)
+        return;
+    if (a->kind == TESTDRV_MANAGED && !a->pool)
+        td_cap_give_managed(a->cap, a->size);
+    else
         td_cap_give(a->cap, a->size);
 }
 
@@ -231,7 +235,7 @@ static void alloc_give_cap(struct td_alloc *a)
 static void alloc_destroy(struct td_alloc *a)
 {
     td_alloc_unlink(a);
-    alloc_give_cap(a);
+    td_alloc_give_cap(a);
     free(a);
 }
 
@@ -298,7 +302,7 @@ void td_mem_teardown_ctx(struct td_ctx *ctx)
             continue;
         graveyard_add(a->base, a->size);
         td_alloc_unlink(a);
-        alloc_give_cap(a);
+        td_alloc_give_cap(a);
         if (a->busy)
             a->torn = true; /* its pending release frees the record */
         else
@@ -325,7 +329,7 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     enum td_cap cap = kind == TESTDRV_HOST ? TD_CAP_HOST : td_cap_dev(c->dev);
-    if (!td_cap_take(cap, size))
+    if (!(kind == TESTDRV_MANAGED ? td_cap_take_managed(cap, size) : td_cap_take(cap, size)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base;
     if (kind == TESTDRV_DEVICE)
@@ -333,7 +337,10 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
     else
         base = (uintptr_t)td_host_map(size);
     if (!base) {
-        td_cap_give(cap, size);
+        if (kind == TESTDRV_MANAGED)
+            td_cap_give_managed(cap, size);
+        else
+            td_cap_give(cap, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, td_ctx_root(c));

@@ -161,7 +161,7 @@ static void pending_release(struct pending *p)
         a->pool->pending -= a->size;
         pool_return(a->pool, a->size);
     } else {
-        td_cap_give(a->cap, a->size);
+        td_alloc_give_cap(a);
     }
     free(a);
     free(p);

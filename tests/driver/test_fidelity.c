@@ -660,6 +660,46 @@ Test(pending, host_capacity, .timeout = 10)
     free(reg);
 }
 
+/* A device allocation that does not fit moves managed pages out, as many
+ * bytes as it asks for (run 99 of bench/RESULTS.md); managed memory is not
+ * moved out for another managed allocation; each device has its own. */
+Test(pending, device_allocations_move_managed_memory_out, .timeout = 10)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUcontext ctx = ctx_setup();
+    testdrv_set_device_capacity(64 * MIB);
+    CUdeviceptr m1, m2, d1, d2, q;
+    size_t free_b, total_b;
+    CU_OK(cuMemAllocManaged(&m1, 32 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemAllocManaged(&m2, 16 * MIB, CU_MEM_ATTACH_GLOBAL));
+    cr_assert_eq(cuMemAllocManaged(&q, 32 * MIB, CU_MEM_ATTACH_GLOBAL),
+                 CUDA_ERROR_OUT_OF_MEMORY, "managed memory is not moved out for managed memory");
+    CU_OK(cuMemAlloc(&d1, 24 * MIB)); /* 16 MiB free: 24 of managed move out */
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 16 * MIB, "free %zu MiB", free_b / MIB);
+    CU_OK(cuMemAlloc(&d2, 40 * MIB)); /* the other 24 resident move out */
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 0, "free %zu MiB", free_b / MIB);
+    cr_assert_eq(cuMemAlloc(&q, MIB), CUDA_ERROR_OUT_OF_MEMORY, "nothing resident is left");
+    /* Device 1's memory is its own. */
+    CUcontext other;
+    CUdevice dev1;
+    CU_OK(cuDeviceGet(&dev1, 1));
+    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 64 * MIB);
+    CU_OK(cuCtxDestroy(other));
+    CU_OK(cuCtxSetCurrent(ctx));
+    CU_OK(cuMemFree(m1));
+    CU_OK(cuMemFree(m2));
+    CU_OK(cuMemFree(d1));
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 24 * MIB, "only d2's 40 MiB stay taken (free %zu MiB)", free_b / MIB);
+    CU_OK(cuMemFree(d2));
+    CU_OK(cuMemGetInfo(&free_b, &total_b));
+    cr_assert_eq(free_b, 64 * MIB);
+}
+
 Test(pending, pool_memory_and_release_threshold, .timeout = 10)
 {
     ctx_setup();

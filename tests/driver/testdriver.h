@@ -255,6 +255,11 @@ size_t testdrv_pending_free_bytes_on(int dev);
  * taken now: live allocations, pending frees and pools' reserves. */
 size_t testdrv_capacity_used(int dev);
 
+/* Managed bytes resident on device dev (counted in its capacity): a device
+ * allocation that does not fit moves up to its size of them out to the
+ * host, as the real driver does (bench/RESULTS.md, run 99). */
+size_t testdrv_managed_resident(int dev);
+
 /* Calls that named a destroyed context or an object of one. */
 uint64_t testdrv_dead_context_calls(void);
 

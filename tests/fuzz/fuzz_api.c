@@ -267,14 +267,17 @@ static int alloc_capacity(enum mkind k, int slot)
     return on_device_capacity(k) ? ctxs[slot].dev : -1;
 }
 
-/* What the program holds live of capacity cap. An object's context is the
- * one current at its allocation (op_green records its block under the
- * primary context, of the same device). */
-static size_t used_capacity(int cap)
+/* What the program holds live of capacity cap; its managed blocks only with
+ * managed (a device moves managed pages out for its other allocations:
+ * tests/driver/core.c, td_cap_take). An object's context is the one current
+ * at its allocation (op_green records its block under the primary context,
+ * of the same device). */
+static size_t used_capacity(int cap, bool managed)
 {
     size_t sum = 0;
     for (int i = 0; i < nobjs; i++)
-        if (objs[i].state == LIVE && alloc_capacity(objs[i].kind, objs[i].ctx) == cap)
+        if (objs[i].state == LIVE && alloc_capacity(objs[i].kind, objs[i].ctx) == cap &&
+            (managed || objs[i].kind != K_MANAGED))
             sum += objs[i].bytes; /* modules and libraries count 0 */
     /* cudefer's own pinned words (own.h) take room too. */
     if (cap < 0)
@@ -527,7 +530,13 @@ static bool needs_reclaim(enum mkind k, int slot, size_t bytes)
     if (on_device_capacity(k) && slot < 0)
         return false;
     int cap = alloc_capacity(k, slot);
-    return testdrv_capacity_used(cap) + bytes + RECLAIM_SLACK > capacity_bytes(cap);
+    size_t used = testdrv_capacity_used(cap);
+    if (cap >= 0 && k != K_MANAGED) {
+        /* The driver moves up to bytes of resident managed memory out. */
+        size_t out = testdrv_managed_resident(cap);
+        used -= out < bytes ? out : bytes;
+    }
+    return used + bytes + RECLAIM_SLACK > capacity_bytes(cap);
 }
 
 /* ---- registered pages: kernels that wrote them, canaries --------------- */
@@ -867,9 +876,10 @@ static void op_meminfo(struct input *in)
     expect_rc("cuMemGetInfo", rc, want);
     if (rc != CUDA_SUCCESS)
         return;
-    /* The answer is for the current context's device. */
+    /* The answer is for the current context's device; managed pages may
+     * have moved out of it. */
     int dev = ctxs[slot].dev;
-    size_t live = used_capacity(dev);
+    size_t live = used_capacity(dev, false);
     if (total != device_capacity || free > total - live)
         FAIL("cuMemGetInfo said %zu bytes free of %zu; device %d's capacity is %zu and the "
              "program holds %zu live there", free, total, dev, device_capacity, live);
@@ -1162,8 +1172,10 @@ static CUresult alloc_front(enum mkind kind, int *slot, size_t bytes)
      * that counts: memory held on another device, or of the other kind,
      * cannot serve it. */
     int cap = alloc_capacity(kind, *slot);
-    return used_capacity(cap) + bytes <= capacity_bytes(cap) ? CUDA_SUCCESS
-                                                             : CUDA_ERROR_OUT_OF_MEMORY;
+    bool managed_stays = cap < 0 || kind == K_MANAGED;
+    return used_capacity(cap, managed_stays) + bytes <= capacity_bytes(cap)
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* An out-of-memory answer where the model says it cannot fit is right; so is
