@@ -468,6 +468,29 @@ Test(scenarios, device_out_of_memory_ignores_managed_memory_behind_a_waiting_ker
     CU_OK(cuCtxSynchronize());
 }
 
+/* On a device without concurrent managed access, managed memory stays in
+ * device memory: there a device allocation short of memory takes released
+ * managed blocks back, after their fence. */
+Test(scenarios, device_out_of_memory_takes_managed_memory_back_where_it_stays, .timeout = 20)
+{
+    setenv("TESTDRIVER_CONCURRENT_MANAGED", "0", 1);
+    test_context();
+    testdrv_set_device_capacity(program_live_bytes(TESTDRV_DEVICE) +
+                                program_live_bytes(TESTDRV_MANAGED) + 64 * MIB);
+    CUdeviceptr held, m, e = 0;
+    CU_OK(cuMemAlloc(&held, 40 * MIB));
+    CU_OK(cuMemAllocManaged(&m, 20 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(testdrv_launch(test_stream(CU_STREAM_NON_BLOCKING), 20000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuMemFree(m)); /* held by cudefer until the kernel ends */
+    CUresult rc = cuMemAlloc(&e, 22 * MIB);
+    cr_expect_eq(rc, CUDA_SUCCESS, "the released managed block was not taken back (got %d)",
+                 (int)rc);
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(e));
+    CU_OK(cuMemFree(held));
+    CU_OK(cuCtxSynchronize());
+}
+
 /* Pinned memory is the host's, whichever device's context released it. */
 Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .timeout = 20)
 {

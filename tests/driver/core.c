@@ -398,10 +398,13 @@ static bool fits(enum td_cap cap, size_t bytes)
  * out to the host, as many bytes as it asks for (as far as there are):
  * measured on an H200, driver 580.159.04 (bench/RESULTS.md, run 99), where
  * 71 GB of cuMemAlloc beside 107 GB of managed memory on the device
- * succeeded and cuMemGetInfo then said as much free as before it. */
+ * succeeded and cuMemGetInfo then said as much free as before it. Not with
+ * TESTDRIVER_CONCURRENT_MANAGED=0 (a device without concurrent managed
+ * access, whose managed memory stays on the device). */
 bool td_cap_take(enum td_cap cap, size_t bytes)
 {
-    if (!fits(cap, bytes) && td_cap_is_device(cap) && td.managed_resident[cap]) {
+    if (!fits(cap, bytes) && td_cap_is_device(cap) && td.managed_moves &&
+        td.managed_resident[cap]) {
         size_t out = bytes < td.managed_resident[cap] ? bytes : td.managed_resident[cap];
         td.managed_resident[cap] -= out;
         td.cap_used[cap] -= out;

@@ -53,6 +53,7 @@ void td_config_ensure(void)
     for (int d = 0; d < TD_MAX_DEVICES; d++)
         td.cap_total[td_cap_dev(d)] = device_bytes;
     td.cap_total[TD_CAP_HOST] = env_bytes("TESTDRIVER_HOST_BYTES", GIB);
+    td.managed_moves = env_int("TESTDRIVER_CONCURRENT_MANAGED", 1, 0, 1);
     const char *exit_mode = getenv("TESTDRIVER_EXIT");
     td.exit_handler = exit_mode && strcmp(exit_mode, "atexit") == 0;
 }
@@ -215,7 +216,7 @@ static int attribute_value(CUdevice_attribute a, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: return 233472;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: return 65536;
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: return td.managed_moves;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: return 232448;

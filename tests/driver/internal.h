@@ -326,6 +326,7 @@ struct td_state {
     /* Managed memory of each device: allocated, and resident (counted in
      * cap_used; the rest was moved out to serve device allocations). */
     size_t managed_live[TD_CAP_COUNT], managed_resident[TD_CAP_COUNT];
+    int managed_moves;         /* concurrent managed access: pages move out */
     size_t live[TESTDRV_KIND_COUNT];
     size_t live_bytes[TESTDRV_KIND_COUNT];
     size_t pending_bytes[TD_CAP_COUNT]; /* device frees passed, not synchronised */

@@ -17,6 +17,10 @@
  *   TESTDRIVER_VERSION       value of cuDriverGetVersion (default 13000);
  *                            below 12050 cuCtxRecordEvent does not exist
  *   TESTDRIVER_DEVICES       number of devices (default 1)
+ *   TESTDRIVER_CONCURRENT_MANAGED
+ *                            0: devices without concurrent managed access,
+ *                            whose managed memory a device allocation does
+ *                            not move out (default 1, as on an H200)
  *   TESTDRIVER_EXIT          "atexit": the exit-time teardown (see the end
  *                            of this list) is an exit handler registered by
  *                            cuInit, not the library's finaliser, so exit
