@@ -345,7 +345,7 @@ check_hidden_wait() {
     say "== 9. hidden-wait"
     local c
     for c in pinned device-cache second-context other-context-sync register-over oom-kind \
-        oom-other; do
+        oom-managed oom-other; do
         run_both hidden-wait "$c" 30 -- "$BIN/hidden_wait" "$c"
     done
 }

@@ -55,6 +55,10 @@
  *                   release returns at once, and pinned memory cannot serve
  *                   a device allocation, so the allocation must not wait for
  *                   that block's fence before answering
+ *   oom-managed     as oom-kind with a 4 MiB managed block written by a
+ *                   kernel: the H200 moves managed pages out of its memory
+ *                   for a device allocation itself (run 99), so their
+ *                   release cannot serve one either
  *
  * prints:
  *   RESULT hidden_wait case=<case> alloc_rc=<code> alloc_ms=<ms>
@@ -267,17 +271,22 @@ static int in_the_other_context(const char *name, CUcontext ctx2, const struct o
     return 0;
 }
 
-/* oom-kind's other thread: frees the pinned block in the primary context. */
-struct pinned_release {
+/* oom-kind's and oom-managed's other thread: frees the block in the
+ * primary context. */
+struct elsewhere_release {
     CUcontext ctx;
-    void *block;
+    void *pinned;
+    CUdeviceptr managed;
 };
 
-static void *free_pinned_elsewhere(void *arg)
+static void *free_elsewhere(void *arg)
 {
-    struct pinned_release *pr = arg;
-    GC_CHECK(cuCtxSetCurrent(pr->ctx));
-    GC_CHECK(cuMemFreeHost(pr->block));
+    struct elsewhere_release *er = arg;
+    GC_CHECK(cuCtxSetCurrent(er->ctx));
+    if (er->pinned)
+        GC_CHECK(cuMemFreeHost(er->pinned));
+    if (er->managed)
+        GC_CHECK(cuMemFree(er->managed));
     return NULL;
 }
 
@@ -293,7 +302,7 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         gc_die("usage: hidden_wait <pinned|device-cache|second-context|other-context-sync|"
-               "register-over|oom-other|oom-kind>");
+               "register-over|oom-other|oom-kind|oom-managed>");
     const char *name = argv[1];
     bool pinned = strcmp(name, "pinned") == 0;
     bool cache = strcmp(name, "device-cache") == 0;
@@ -301,7 +310,8 @@ int main(int argc, char **argv)
     bool xsync = strcmp(name, "other-context-sync") == 0;
     bool reg = strcmp(name, "register-over") == 0;
     bool oom = strcmp(name, "oom-other") == 0;
-    bool kind = strcmp(name, "oom-kind") == 0;
+    bool managed = strcmp(name, "oom-managed") == 0;
+    bool kind = strcmp(name, "oom-kind") == 0 || managed;
     if (!pinned && !cache && !other && !xsync && !reg && !oom && !kind)
         gc_die("unknown case '%s'", name);
 
@@ -323,11 +333,16 @@ int main(int argc, char **argv)
         free_pinned_while_idle();
     if (cache)
         free_device_while_idle();
-    struct pinned_release pr = {NULL, NULL};
+    struct elsewhere_release er = {NULL, NULL, 0};
     pthread_t releaser;
     if (kind) {
-        GC_CHECK(cuCtxGetCurrent(&pr.ctx));
-        GC_CHECK(cuMemAllocHost(&pr.block, 4 * GC_MIB));
+        GC_CHECK(cuCtxGetCurrent(&er.ctx));
+        if (managed) {
+            GC_CHECK(cuMemAllocManaged(&er.managed, 4 * GC_MIB, CU_MEM_ATTACH_GLOBAL));
+            GC_CHECK(gc_fill(&kernels, stream, er.managed, 4 * GC_MIB));
+        } else {
+            GC_CHECK(cuMemAllocHost(&er.pinned, 4 * GC_MIB));
+        }
         GC_CHECK(cuCtxSynchronize());
     }
     if (xsync || reg || oom)
@@ -343,7 +358,7 @@ int main(int argc, char **argv)
     size_t bytes = cache ? 48 * GC_MIB : GC_MIB;
     if (kind) {
         bytes = beyond_the_device();
-        if (pthread_create(&releaser, NULL, free_pinned_elsewhere, &pr) != 0)
+        if (pthread_create(&releaser, NULL, free_elsewhere, &er) != 0)
             gc_die("pthread_create failed");
         gc_sleep_ms(20); /* the release is made (or, without cudefer, waits) */
     }

@@ -566,10 +566,11 @@ def report_capture(res, summary):
 REGISTERED_LAUNCH_MS = 1.0     # the other thread's launch during the unregister
 HIDDEN_WAIT_MS = 100.0         # an allocation while the flag kernel waits
 HIDDEN_WAIT_CASES = ("pinned", "device-cache", "second-context", "other-context-sync",
-                     "register-over", "oom-kind", "oom-other")
+                     "register-over", "oom-kind", "oom-managed", "oom-other")
 # The measured call's answer where it is not CUDA_SUCCESS: oom-kind asks for
-# more than the device has.
-HIDDEN_WAIT_RC = {"oom-kind": "CUDA_ERROR_OUT_OF_MEMORY"}
+# more than the device has (oom-managed too).
+HIDDEN_WAIT_RC = {"oom-kind": "CUDA_ERROR_OUT_OF_MEMORY",
+                  "oom-managed": "CUDA_ERROR_OUT_OF_MEMORY"}
 # oom-other: an allocation short of memory waits up to 100 ms for other
 # contexts' work (shim/engine/reclaim.c, OOM_FAR_NS), then gives the memory
 # back; what it must not do is wait for the kernel that waits for it.
