@@ -1206,7 +1206,7 @@ static CUresult create_context(CUresult (*call)(const struct create_args *),
         return cd_missing(w);
     do
         rc = call(a);
-    while (retry_taking(&al, rc, w, (int)a->dev));
+    while (retry_taking(&al, rc, w, a->dev >= 0 ? (int)a->dev : CD_MEM_ANY));
     if (rc == CUDA_SUCCESS)
         cd_context_created(*a->pctx, call == call_retain);
     return rc;

@@ -254,8 +254,9 @@ struct flush {
  * context's work, as the driver's release did. */
 #define OOM_FAR_NS 100000000ull
 
-/* Releases the entries of c that f->take picks, of the kinds in mask: device blocks through
- * cuMemFreeAsync behind their fence, the others with the driver's release.
+/* Releases the entries of c that f->take picks, of the kinds in mask:
+ * device blocks through cuMemFreeAsync behind their fence, the others with
+ * the driver's release.
  * A synchronisation (why CD_FLUSH_SYNC) leaves the entries whose other
  * contexts' records have not passed: the program waited for its context
  * only. Other flushes WAIT for those records (until f->far_deadline). With
