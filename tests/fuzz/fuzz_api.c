@@ -423,7 +423,9 @@ static void *spin_helper(void *arg)
  * alone would have returned. Found by hand first: cuMemHostUnregister
  * waited for ever for a kernel of another context that waited for its
  * caller (bench/RESULTS.md, run 94). */
-static void others_wait_for_me(int own)
+/* others_wait_for_me, in the contexts of devices other than dev alone when
+ * dev is not -1. */
+static void wait_for_me_in(int own, int dev)
 {
     /* A green context's memory is its primary context's (slot = device). */
     int owner = own >= 0 && ctxs[own].green ? ctxs[own].dev : own;
@@ -432,7 +434,8 @@ static void others_wait_for_me(int own)
     __atomic_store_n(&mine_flags[g % MINE_FLAGS], 0, __ATOMIC_RELAXED);
     __atomic_store_n(&mine_gen, g, __ATOMIC_RELAXED);
     for (int c = 0; c < MAX_CTX; c++)
-        if (c != own && c != owner && ctxs[c].alive && !ctxs[c].green && spin_stream[c]) {
+        if (c != own && c != owner && ctxs[c].alive && !ctxs[c].green && spin_stream[c] &&
+            (dev < 0 || ctxs[c].dev != dev)) {
             TRACE("  a kernel of context %d (%p; own %d %p) waits for this thread", c,
                   (void *)ctxs[c].h, own, own >= 0 ? (void *)ctxs[own].h : NULL);
             expect_rc("testdrv_launch_spin (waits for this thread)",
@@ -442,6 +445,11 @@ static void others_wait_for_me(int own)
     atomic_store(&helper_fired, false);
     /* The helper's second counts from the call. */
     atomic_store(&op_started_ns, now_ns());
+}
+
+static void others_wait_for_me(int own)
+{
+    wait_for_me_in(own, -1);
 }
 
 static void others_done(const char *what)
@@ -477,6 +485,7 @@ static void spin_start(void)
 struct nowait {
     const char *what;
     uint64_t wait_calls, blocked_ns;
+    bool others; /* kernels of other devices wait for the call (alloc_begin) */
 };
 
 /* FUZZ_API_UNJUDGED: names of calls (as the failure messages write them,
@@ -616,7 +625,7 @@ static void got_graph(CUgraph g)
 static void end_capture(struct mstream *s)
 {
     CUgraph g = NULL;
-    struct nowait m;
+    struct nowait m = {0};
     nowait_begin(&m, "cuStreamEndCapture");
     CUresult rc = cuStreamEndCapture(s->h, &g);
     nowait_end(&m, true);
@@ -631,7 +640,7 @@ static void end_pt_capture(int c, bool ptsz)
 {
     CUcontext popped;
     CUgraph g = NULL;
-    struct nowait m;
+    struct nowait m = {0};
     expect_rc("cuCtxPushCurrent", cuCtxPushCurrent(ctxs[c].h), CUDA_SUCCESS);
     CUresult (*end_ptsz)(CUstream, CUgraph *) =
         (CUresult(*)(CUstream, CUgraph *))dlsym(RTLD_DEFAULT, "cuStreamEndCapture_ptsz");
@@ -708,7 +717,7 @@ static void op_ctx_create(struct input *in)
                                         "cuCtxCreate_v4"};
     unsigned version = u8(in) % 4;
     void *fn = dlsym(RTLD_DEFAULT, names[version]);
-    struct nowait m;
+    struct nowait m = {0};
     CUresult rc;
     nowait_begin(&m, names[version]);
     if (version < 2)
@@ -788,7 +797,7 @@ static void op_primary(struct input *in)
     case 0:
     case 1: { /* retain (and make current half of the time) */
         CUcontext h;
-        struct nowait m;
+        struct nowait m = {0};
         nowait_begin(&m, "cuDevicePrimaryCtxRetain");
         CUresult rc = cuDevicePrimaryCtxRetain(&h, (CUdevice)dev);
         nowait_end(&m, true);
@@ -814,7 +823,7 @@ static void op_primary(struct input *in)
             expect_rc("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease((CUdevice)dev),
                       CUDA_SUCCESS);
         } else {
-            struct nowait m;
+            struct nowait m = {0};
             nowait_begin(&m, "cuDevicePrimaryCtxRelease (not the last)");
             CUresult rc = cuDevicePrimaryCtxRelease((CUdevice)dev);
             nowait_end(&m, true);
@@ -860,7 +869,7 @@ static void op_meminfo(struct input *in)
     int slot;
     CUresult want = context_front(&slot), rc;
     size_t free = 0, total = 0;
-    struct nowait m;
+    struct nowait m = {0};
     if (u8(in) & 1) {
         nowait_begin(&m, "cuMemGetInfo_v2");
         rc = cuMemGetInfo_v2(&free, &total);
@@ -907,7 +916,7 @@ static void op_stream_create(struct input *in)
     int slot;
     CUresult want = context_front(&slot);
     CUstream s = NULL;
-    struct nowait m;
+    struct nowait m = {0};
     nowait_begin(&m, "cuStreamCreate");
     CUresult rc = cuStreamCreate(&s, flags);
     nowait_end(&m, want == CUDA_SUCCESS);
@@ -942,7 +951,7 @@ static void op_stream_destroy(struct input *in)
         return;
     if (s->capturing && !mid_capture)
         end_capture(s);
-    struct nowait m;
+    struct nowait m = {0};
     nowait_begin(&m, s->capturing ? "cuStreamDestroy (in the middle of a capture)"
                                    : "cuStreamDestroy");
     CUresult rc = cuStreamDestroy(s->h);
@@ -969,7 +978,7 @@ static void op_capture(struct input *in)
 {
     unsigned how = u8(in), b = u8(in);
     const CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
-    struct nowait m;
+    struct nowait m = {0};
     CUresult rc;
     int slot;
     if (how % 4 == 0 || how % 4 == 1) { /* a created stream */
@@ -1194,8 +1203,20 @@ static void expect_alloc(const char *what, enum mkind kind, CUresult got, CUresu
 static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, int slot,
                         size_t bytes)
 {
+    m->what = what;
+    m->others = false;
     if (needs_reclaim(k, slot, bytes)) {
-        spin_stop();
+        /* Another device's memory cannot serve a device allocation (nor
+         * managed memory, which the device moves out itself): the kernels
+         * of the other device's contexts wait for this call, which must
+         * not wait for them (they may be a collective waiting for this
+         * thread's next launch). */
+        if (on_device_capacity(k) && k != K_MANAGED && slot >= 0) {
+            wait_for_me_in(slot, ctxs[slot].dev);
+            m->others = true;
+        } else {
+            spin_stop();
+        }
         return false;
     }
     nowait_begin(m, what);
@@ -1204,6 +1225,8 @@ static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, int sl
 
 static void alloc_end(const struct nowait *m, bool judged, CUresult want)
 {
+    if (m->others)
+        others_done(m->what);
     if (judged)
         nowait_end(m, want == CUDA_SUCCESS);
 }
@@ -1224,7 +1247,7 @@ static void op_alloc(struct input *in)
     unsigned k = u8(in) % 11;
     int slot;
     CUresult rc, want;
-    struct nowait m;
+    struct nowait m = {0};
     bool judged;
     switch (k) {
     case 0:
@@ -1554,7 +1577,7 @@ static void op_release(struct input *in)
     CUresult also;
     CUresult want = model_release(call, key, &also);
     CUresult got;
-    struct nowait m;
+    struct nowait m = {0};
     if (call == R_UNREGISTER) {
         /* May wait for the work submitted before it in its context: the
          * kernels that wait for the host are released first, and the other
@@ -1660,7 +1683,7 @@ static void op_green(struct input *in)
     expect_rc("cuGreenCtxCreate", create(&g, desc, (CUdevice)dev, CU_GREEN_CTX_DEFAULT_STREAM),
               CUDA_SUCCESS);
     CUcontext h = NULL;
-    struct nowait m;
+    struct nowait m = {0};
     nowait_begin(&m, "cuCtxFromGreenCtx");
     rc = ctx_from(&h, g);
     nowait_end(&m, true);
