@@ -491,6 +491,56 @@ Test(scenarios, device_out_of_memory_takes_managed_memory_back_where_it_stays, .
     CU_OK(cuCtxSynchronize());
 }
 
+/* Nor does it wait for another thread's flush of another device's
+ * releases: here cudefer_flush() in another thread waits for a pinned
+ * block of device 1 behind a kernel that waits for the allocating thread,
+ * whose allocation of device 0's memory cannot be served by it. */
+static void *flush_in_thread(void *arg)
+{
+    (void)arg;
+    cr_expect_eq(cudefer_flush(), 0);
+    return NULL;
+}
+
+Test(scenarios, out_of_memory_ignores_another_devices_flush_under_way, .timeout = 20)
+{
+    setenv("TESTDRIVER_DEVICES", "2", 1);
+    CUcontext first = test_context();
+    CUdevice dev1;
+    CUcontext other;
+    CU_OK(cuDeviceGet(&dev1, 1));
+    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    struct release_in r = {.ctx = other};
+    CU_OK(cuMemAllocHost(&r.host, 4 * MIB));
+    struct spin sp;
+    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
+    release_elsewhere(&r);
+    pthread_t flusher;
+    cr_assert_eq(pthread_create(&flusher, NULL, flush_in_thread, NULL), 0);
+    sleep_ms(50); /* the flush waits for the pinned block's fence */
+    CU_OK(cuCtxSetCurrent(first));
+    testdrv_set_device_capacity(64 * MIB);
+    CUdeviceptr d, e = 0;
+    size_t free_b = 0, total = 0;
+    CU_OK(cuMemGetInfo(&free_b, &total));
+    CU_OK(cuMemAlloc(&d, free_b));
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemAlloc(&e, 16 * MIB);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp.flag;
+    spin_release(&sp);
+    pthread_join(flusher, NULL);
+    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "device 0 is full (got %d)", (int)rc);
+    cr_expect_eq(flag_then, 0, "the watchdog had let device 1's kernel go: the allocation "
+                 "waited %llu ms for the other thread's flush", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(e));
+    CU_OK(cuMemFree(d));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuCtxDestroy(other));
+}
+
 /* Pinned memory is the host's, whichever device's context released it. */
 Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .timeout = 20)
 {

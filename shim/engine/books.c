@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* ---- pending registrations --------------------------------------------- */
@@ -103,10 +104,32 @@ bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)
 
 /* ---- entries in transit ------------------------------------------------------ */
 
+/* All of it, and each device's (the last slot: a device not known). */
+#define TRANSIT_SLOTS 65
 static pthread_mutex_t transit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t transit_cond;
-static long long transit;
-static unsigned long long transit_moves;
+static long long transit, transit_of[TRANSIT_SLOTS];
+static unsigned long long transit_moves, moves_of[TRANSIT_SLOTS];
+
+static int transit_slot(int dev)
+{
+    return dev >= 0 && dev < TRANSIT_SLOTS - 1 ? dev : TRANSIT_SLOTS - 1;
+}
+
+/* Under transit_lock: what is in transit for dev (CD_TRANSIT_ALL: all of
+ * it; a device's count includes what no device was known for). */
+static long long transit_for(int dev, unsigned long long *moves)
+{
+    if (dev == CD_TRANSIT_ALL) {
+        if (moves)
+            *moves = transit_moves;
+        return transit;
+    }
+    int s = transit_slot(dev), u = TRANSIT_SLOTS - 1;
+    if (moves)
+        *moves = moves_of[s] + (s != u ? moves_of[u] : 0);
+    return transit_of[s] + (s != u ? transit_of[u] : 0);
+}
 
 __attribute__((constructor)) static void books_init(void)
 {
@@ -114,34 +137,35 @@ __attribute__((constructor)) static void books_init(void)
     cd_cond_init_monotonic(&transit_cond);
 }
 
-void cd_books_transit(long long delta)
+void cd_books_transit(int dev, long long delta)
 {
+    int s = transit_slot(dev);
     pthread_mutex_lock(&transit_lock);
     transit += delta;
     transit_moves++;
-    if (transit == 0)
+    transit_of[s] += delta;
+    moves_of[s]++;
+    if (transit == 0 || transit_of[s] == 0)
         pthread_cond_broadcast(&transit_cond);
     pthread_mutex_unlock(&transit_lock);
 }
 
-long long cd_books_in_transit(unsigned long long *moves)
+long long cd_books_in_transit(int dev, unsigned long long *moves)
 {
     pthread_mutex_lock(&transit_lock);
-    long long n = transit;
-    if (moves)
-        *moves = transit_moves;
+    long long n = transit_for(dev, moves);
     pthread_mutex_unlock(&transit_lock);
     return n;
 }
 
-bool cd_books_transit_wait(int seconds)
+bool cd_books_transit_wait(int dev, int seconds)
 {
     struct timespec until = cd_monotonic_in((uint64_t)seconds * 1000000000u);
     pthread_mutex_lock(&transit_lock);
     int err = 0;
-    while (transit > 0 && err != ETIMEDOUT)
+    while (transit_for(dev, NULL) > 0 && err != ETIMEDOUT)
         err = pthread_cond_timedwait(&transit_cond, &transit_lock, &until);
-    bool clear = transit == 0;
+    bool clear = transit_for(dev, NULL) == 0;
     pthread_mutex_unlock(&transit_lock);
     return clear;
 }
@@ -157,6 +181,8 @@ void cd_books_reset(void)
     cd_cond_init_monotonic(&transit_cond);
     transit = 0;
     transit_moves = 0;
+    memset(transit_of, 0, sizeof transit_of);
+    memset(moves_of, 0, sizeof moves_of);
 }
 
 /* ---- sums ------------------------------------------------------------------ */

@@ -125,17 +125,21 @@ bool cd_books_registered_unnoted(void);
  * capture's end fencing its backlog; a context's teardown counts itself
  * until its destruction has returned). The taker counts them before it
  * takes them, and stops counting only once they are back with the driver
- * or on the books. */
-void cd_books_transit(long long delta);
-/* What is in transit now, and in *moves (may be NULL) how many times that
- * changed so far. A look at every context's books that falls between two
- * reads finding nothing in transit and the same count saw every entry the
- * engine held: none was in transit meanwhile, on its way out of the books
- * or back. */
-long long cd_books_in_transit(unsigned long long *moves);
-/* WAITS (for other threads, not for the GPU) until nothing is in transit,
- * at most seconds; false if something still is. */
-bool cd_books_transit_wait(int seconds);
+ * or on the books. Counted by the device of the entries' context (dev; a
+ * negative one when not known), so that an allocation of one device's
+ * memory need not wait for what another device's releases hold. */
+void cd_books_transit(int dev, long long delta);
+/* What is in transit now for dev (CD_TRANSIT_ALL: for any device; for a
+ * device, what no device was known for too), and in *moves (may be NULL)
+ * how many times that changed so far. A look at the books of every
+ * context (of dev's contexts) that falls between two reads finding nothing
+ * in transit and the same count saw every entry the engine held (there):
+ * none was in transit meanwhile, on its way out of the books or back. */
+#define CD_TRANSIT_ALL (-1)
+long long cd_books_in_transit(int dev, unsigned long long *moves);
+/* WAITS (for other threads, not for the GPU) until nothing is in transit
+ * for dev, at most seconds; false if something still is. */
+bool cd_books_transit_wait(int dev, int seconds);
 
 /* Forgets the pending ranges and what is in transit (a forked child). */
 void cd_books_reset(void);

@@ -39,9 +39,9 @@
 
 /* A context whose teardown has begun holds what the program released in
  * it until the driver's destruction returns: counted like a flush. */
-void cd_reclaim_ending(int delta)
+void cd_reclaim_ending(int dev, int delta)
 {
-    cd_books_transit(delta);
+    cd_books_transit(dev, delta);
     if (delta < 0)
         cd_registry_note_returned();
 }
@@ -220,6 +220,13 @@ static struct reach reach_of(int mem)
                           .everywhere = managed_moves_out(mem) ? 0 : 1u << CD_MANAGED};
 }
 
+/* Whose entries in transit an allocation of reach r waits for: its
+ * device's when r takes nothing from other devices, else all of them. */
+static int transit_of_reach(const struct reach *r)
+{
+    return r && r->dev >= 0 && !r->everywhere ? r->dev : CD_TRANSIT_ALL;
+}
+
 /* The kinds r takes in c (all of them without r). Does not wait. */
 static unsigned reach_mask(const struct reach *r, const struct cd_ctx *c)
 {
@@ -277,7 +284,8 @@ static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
      * every release in it would fail. */
     /* Counted before the entries leave the books: an out-of-memory answer
      * in another thread sees either the entries or this flush. */
-    cd_books_transit(1);
+    int dev = (int)c->device;
+    cd_books_transit(dev, 1);
     long long kept = 0;
     /* Entries deferred while a capture is live have no fence yet: the
      * driver's own release waits for their context's work (README, limits:
@@ -286,9 +294,9 @@ static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
                    ? 0
                    : cd_books_take_all(c, &take, &kept, &list);
     bool frees = settle && cd_waiter_pending(c);
-    cd_books_transit((long long)n);
+    cd_books_transit(dev, (long long)n);
     if (!n && !frees) {
-        cd_books_transit(-1);
+        cd_books_transit(dev, -1);
         return;
     }
     f->any = true;
@@ -378,7 +386,7 @@ static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
     }
     cd_ctx_event_trim(c, why != CD_FLUSH_SYNC);
     cd_scope_leave(&sc);
-    cd_books_transit(-(long long)n - 1);
+    cd_books_transit(dev, -(long long)n - 1);
     if (settle)
         cd_waiter_settle(c, true);
     cd_range_pop();
@@ -424,7 +432,7 @@ int cd_flush_all(void)
     flush_all(&f);
     /* What other threads took off the books meanwhile (their flushes, the
      * waiter's evictions) is released or in flight once they are done. */
-    if (!cd_books_transit_wait(60))
+    if (!cd_books_transit_wait(CD_TRANSIT_ALL, 60))
         cd_log(CD_LOG_ERROR, "cudefer_flush: another thread has held released memory for a "
                "minute; returning without it");
     cd_ctx_each(settle_and_trim, NULL);
@@ -475,10 +483,10 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
     cd_list_init(&list);
     /* In transit until the memory is back with the driver or the entries
      * on the books (holds_anything). */
-    cd_books_transit(1);
+    cd_books_transit(c->device, 1);
     if (cd_books_take_passed(c, fence_passed, &list) && free_settled(c, &list))
         *any = true;
-    cd_books_transit(-1);
+    cd_books_transit(c->device, -1);
     cd_scope_leave(&sc);
     if (cd_waiter_settle(c, false))
         *any = true;
@@ -505,11 +513,12 @@ static void note_held(struct cd_ctx *c, void *arg)
 static bool holds_anything(const struct reach *reach)
 {
     unsigned long long before, after;
-    if (cd_books_in_transit(&before) > 0)
+    int dev = transit_of_reach(reach);
+    if (cd_books_in_transit(dev, &before) > 0)
         return true;
     struct oom_walk w = {.reach = reach};
     cd_ctx_each(note_held, &w);
-    return w.found || cd_books_in_transit(&after) > 0 || after != before;
+    return w.found || cd_books_in_transit(dev, &after) > 0 || after != before;
 }
 
 /* Waits for what reuses claim (each for at most an allocation's cost). */
@@ -547,8 +556,10 @@ static bool reclaim_waiting(const struct cd_alloc *a, const struct reach *reach,
     flush_all(&f);
     *held_back = f.held;
     /* Entries another thread's flush holds at this moment come back when
-     * its releases end; then their frees are settled too. */
-    if (!cd_books_transit_wait(60))
+     * its releases end; then their frees are settled too. Another device's
+     * are not waited for: they cannot serve this allocation, and the flush
+     * that holds them may be waiting for that device's work. */
+    if (!cd_books_transit_wait(transit_of_reach(reach), 60))
         cd_log(CD_LOG_ERROR, "%s: another thread's flush has held released memory for a "
                "minute; retrying without it", call);
     cd_ctx_each(settle_each, (void *)reach);
@@ -680,7 +691,8 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
          * for its destruction) stays while nothing is in transit. */
         if (held)
             continue;
-        if (cd_books_in_transit(NULL) == 0 || cd_books_registered_wait(lo, hi, 1000))
+        if (cd_books_in_transit(CD_TRANSIT_ALL, NULL) == 0 ||
+            cd_books_registered_wait(lo, hi, 1000))
             break;
     }
     if (cd_books_registered_overlap(lo, hi))

@@ -191,10 +191,10 @@ bool cd_retire_evict(struct cd_ctx *c)
      * blocks whose other contexts' records have passed. */
     uint64_t far = cd_fence_far_floor(c);
     /* In transit until the waiter has them (cd_retire_free). */
-    cd_books_transit(1);
+    cd_books_transit(c->device, 1);
     if (cd_books_take_over_cache(c, limit / 4 * 3, blocks / 4 * 3, far, &list))
         cd_retire_free(c, c->priv, &list);
-    cd_books_transit(-1);
+    cd_books_transit(c->device, -1);
     cd_scope_leave(&sc);
     cd_gate_exit();
     return cd_books_over_cache(c, limit, blocks);
@@ -466,9 +466,9 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
     struct cd_link list;
     cd_list_init(&list);
     /* In transit until back on the books (holds_anything in reclaim.c). */
-    cd_books_transit(1);
+    cd_books_transit(c->device, 1);
     if (!cd_books_take_unfenced(c, &list)) {
-        cd_books_transit(-1);
+        cd_books_transit(c->device, -1);
         return;
     }
     struct cd_scope sc;
@@ -484,7 +484,7 @@ static void fence_backlog(struct cd_ctx *c, void *arg)
         cd_books_defer(c, r);
     }
     cd_scope_leave(&sc);
-    cd_books_transit(-1);
+    cd_books_transit(c->device, -1);
     cd_waiter_see_marks();
     cd_retire_evict(c);
 }

@@ -102,8 +102,16 @@ void cd_context_created(CUcontext ctx, bool primary)
         cd_ctx_get_as(ctx, primary);
 }
 
-/* Teardowns begun by this thread whose destruction has not returned. */
+/* Teardowns begun by this thread whose destruction has not returned, and
+ * the devices of the first few (counted in transit for that device). */
+#define ENDING_DEVICES 4
 static _Thread_local int ending;
+static _Thread_local int ending_device[ENDING_DEVICES];
+
+static int ending_device_at(int i)
+{
+    return i < ENDING_DEVICES ? ending_device[i] : -1;
+}
 
 void cd_context_destroying(CUcontext ctx)
 {
@@ -113,8 +121,10 @@ void cd_context_destroying(CUcontext ctx)
     struct cd_ctx *c = cd_ctx_find(ctx);
     if (!c)
         return;
+    if (ending < ENDING_DEVICES)
+        ending_device[ending] = (int)c->device;
+    cd_reclaim_ending(ending_device_at(ending), +1);
     ending++;
-    cd_reclaim_ending(+1);
     cd_ctx_close(c);
     struct cd_scope sc;
     cd_scope_enter(&sc, ctx, true);
@@ -126,7 +136,7 @@ void cd_context_destroyed(void)
 {
     if (ending > 0) {
         ending--;
-        cd_reclaim_ending(-1);
+        cd_reclaim_ending(ending_device_at(ending), -1);
     }
 }
 
@@ -146,7 +156,7 @@ static void close_primary(CUdevice dev)
     closed = cd_ctx_primary(dev);
     closed_device = dev;
     if (closed) {
-        cd_reclaim_ending(+1);
+        cd_reclaim_ending((int)dev, +1);
         cd_ctx_close_maybe(closed);
     }
 }
@@ -174,7 +184,7 @@ static void settle_primary(void)
             cd_capture_context_gone(atomic_load(&c->handle));
             tear(c, false);
         }
-        cd_reclaim_ending(-1);
+        cd_reclaim_ending((int)closed_device, -1);
     }
     pthread_mutex_unlock(&primary_lock);
 }
