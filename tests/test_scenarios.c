@@ -371,14 +371,47 @@ static void release_elsewhere(struct release_in *r)
     pthread_join(t, NULL);
 }
 
-Test(scenarios, out_of_memory_ignores_another_devices_kernel_that_waits_for_it, .timeout = 20)
+/* Two devices: the test's context on device 0 in *first, and a context
+ * made on device 1, returned (and current). */
+static CUcontext on_second_device(CUcontext *first)
 {
     setenv("TESTDRIVER_DEVICES", "2", 1);
-    CUcontext first = test_context();
+    *first = test_context();
     CUdevice dev1;
     CUcontext other;
     CU_OK(cuDeviceGet(&dev1, 1));
     CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    return other;
+}
+
+/* Asks for bytes of device (or pinned) memory while sp's kernel waits for
+ * this thread, then lets the kernel go: the driver's answer is out of
+ * memory (why), and it must come at once, not after a wait for the kernel
+ * (its watchdog lets it go after 2 s). */
+static void expect_out_of_memory_at_once(struct spin *sp, bool pinned, size_t bytes,
+                                         const char *why)
+{
+    CUdeviceptr d = 0;
+    void *h = NULL;
+    uint64_t t0 = now_ns();
+    CUresult rc = pinned ? cuMemAllocHost(&h, bytes) : cuMemAlloc(&d, bytes);
+    uint64_t took = now_ns() - t0;
+    int flag_then = sp->flag;
+    spin_release(sp);
+    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "%s: the driver's answer is out of memory (got "
+                 "%d)", why, (int)rc);
+    cr_expect_eq(flag_then, 0, "the watchdog had let the kernel go: the allocation waited %llu "
+                 "ms for it", (unsigned long long)(took / MS));
+    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
+    if (rc == CUDA_SUCCESS && pinned)
+        CU_OK(cuMemFreeHost(h));
+    else if (rc == CUDA_SUCCESS)
+        CU_OK(cuMemFree(d));
+}
+
+Test(scenarios, out_of_memory_ignores_another_devices_kernel_that_waits_for_it, .timeout = 20)
+{
+    CUcontext first, other = on_second_device(&first);
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAlloc(&r.d, 48 * MIB));
     struct spin sp;
@@ -386,22 +419,11 @@ Test(scenarios, out_of_memory_ignores_another_devices_kernel_that_waits_for_it, 
     release_elsewhere(&r); /* behind the kernel that waits for this thread */
     CU_OK(cuCtxSetCurrent(first));
     testdrv_set_device_capacity(64 * MIB);
-    CUdeviceptr d, e = 0;
+    CUdeviceptr d;
     size_t free_b = 0, total = 0;
     CU_OK(cuMemGetInfo(&free_b, &total));
     CU_OK(cuMemAlloc(&d, free_b));
-    uint64_t t0 = now_ns();
-    CUresult rc = cuMemAlloc(&e, 16 * MIB);
-    uint64_t took = now_ns() - t0;
-    int flag_then = sp.flag;
-    spin_release(&sp);
-    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "device 0 is full: the driver's answer is out "
-                 "of memory (got %d)", (int)rc);
-    cr_expect_eq(flag_then, 0, "the watchdog had let device 1's kernel go: the allocation "
-                 "waited %llu ms for it", (unsigned long long)(took / MS));
-    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
-    if (rc == CUDA_SUCCESS)
-        CU_OK(cuMemFree(e));
+    expect_out_of_memory_at_once(&sp, false, 16 * MIB, "device 0 is full");
     CU_OK(cuMemFree(d));
     CU_OK(cuCtxSynchronize());
     CU_OK(cuCtxDestroy(other));
@@ -417,19 +439,7 @@ Test(scenarios, pinned_out_of_memory_ignores_device_blocks_behind_a_waiting_kern
     spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
     release_elsewhere(&r);
     testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST) + 4 * MIB);
-    void *h = NULL;
-    uint64_t t0 = now_ns();
-    CUresult rc = cuMemAllocHost(&h, 8 * MIB);
-    uint64_t took = now_ns() - t0;
-    int flag_then = sp.flag;
-    spin_release(&sp);
-    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "pinned memory is short: the driver's answer is "
-                 "out of memory (got %d)", (int)rc);
-    cr_expect_eq(flag_then, 0, "the watchdog had let the kernel go: the pinned allocation "
-                 "waited %llu ms for a device block's fence", (unsigned long long)(took / MS));
-    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
-    if (rc == CUDA_SUCCESS)
-        CU_OK(cuMemFreeHost(h));
+    expect_out_of_memory_at_once(&sp, true, 8 * MIB, "pinned memory is short");
     CU_OK(cuCtxSynchronize());
 }
 
@@ -445,25 +455,15 @@ Test(scenarios, device_out_of_memory_ignores_managed_memory_behind_a_waiting_ker
     CUcontext ctx = test_context();
     testdrv_set_device_capacity(program_live_bytes(TESTDRV_DEVICE) +
                                 program_live_bytes(TESTDRV_MANAGED) + 64 * MIB);
-    CUdeviceptr held, e = 0;
+    CUdeviceptr held;
     CU_OK(cuMemAlloc(&held, 40 * MIB));
     struct release_in r = {.ctx = ctx};
     CU_OK(cuMemAllocManaged(&r.d, 20 * MIB, CU_MEM_ATTACH_GLOBAL));
     struct spin sp;
     spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
     release_elsewhere(&r);
-    uint64_t t0 = now_ns();
-    CUresult rc = cuMemAlloc(&e, 30 * MIB);
-    uint64_t took = now_ns() - t0;
-    int flag_then = sp.flag;
-    spin_release(&sp);
-    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "24 MiB are left beside the device blocks: the "
-                 "driver's answer is out of memory (got %d)", (int)rc);
-    cr_expect_eq(flag_then, 0, "the watchdog had let the kernel go: the allocation waited "
-                 "%llu ms for the managed block's fence", (unsigned long long)(took / MS));
-    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
-    if (rc == CUDA_SUCCESS)
-        CU_OK(cuMemFree(e));
+    expect_out_of_memory_at_once(&sp, false, 30 * MIB,
+                                 "24 MiB are left beside the device blocks");
     CU_OK(cuMemFree(held));
     CU_OK(cuCtxSynchronize());
 }
@@ -504,12 +504,7 @@ static void *flush_in_thread(void *arg)
 
 Test(scenarios, out_of_memory_ignores_another_devices_flush_under_way, .timeout = 20)
 {
-    setenv("TESTDRIVER_DEVICES", "2", 1);
-    CUcontext first = test_context();
-    CUdevice dev1;
-    CUcontext other;
-    CU_OK(cuDeviceGet(&dev1, 1));
-    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    CUcontext first, other = on_second_device(&first);
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAllocHost(&r.host, 4 * MIB));
     struct spin sp;
@@ -520,22 +515,12 @@ Test(scenarios, out_of_memory_ignores_another_devices_flush_under_way, .timeout 
     sleep_ms(50); /* the flush waits for the pinned block's fence */
     CU_OK(cuCtxSetCurrent(first));
     testdrv_set_device_capacity(64 * MIB);
-    CUdeviceptr d, e = 0;
+    CUdeviceptr d;
     size_t free_b = 0, total = 0;
     CU_OK(cuMemGetInfo(&free_b, &total));
     CU_OK(cuMemAlloc(&d, free_b));
-    uint64_t t0 = now_ns();
-    CUresult rc = cuMemAlloc(&e, 16 * MIB);
-    uint64_t took = now_ns() - t0;
-    int flag_then = sp.flag;
-    spin_release(&sp);
+    expect_out_of_memory_at_once(&sp, false, 16 * MIB, "device 0 is full");
     pthread_join(flusher, NULL);
-    cr_expect_eq(rc, CUDA_ERROR_OUT_OF_MEMORY, "device 0 is full (got %d)", (int)rc);
-    cr_expect_eq(flag_then, 0, "the watchdog had let device 1's kernel go: the allocation "
-                 "waited %llu ms for the other thread's flush", (unsigned long long)(took / MS));
-    cr_expect_lt(took, 200 * MS, "the allocation took %llu ms", (unsigned long long)(took / MS));
-    if (rc == CUDA_SUCCESS)
-        CU_OK(cuMemFree(e));
     CU_OK(cuMemFree(d));
     CU_OK(cuCtxSynchronize());
     CU_OK(cuCtxDestroy(other));
@@ -544,12 +529,7 @@ Test(scenarios, out_of_memory_ignores_another_devices_flush_under_way, .timeout 
 /* Pinned memory is the host's, whichever device's context released it. */
 Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .timeout = 20)
 {
-    setenv("TESTDRIVER_DEVICES", "2", 1);
-    CUcontext first = test_context();
-    CUdevice dev1;
-    CUcontext other;
-    CU_OK(cuDeviceGet(&dev1, 1));
-    CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
+    CUcontext first, other = on_second_device(&first);
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAllocHost(&r.host, 8 * MIB));
     struct spin sp; /* keeps the block from passing its fence until released */
