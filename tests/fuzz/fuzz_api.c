@@ -585,15 +585,21 @@ static void canary_check(int first, int count)
     }
 }
 
-/* The program waits for the kernels of other contexts that write o's
+/* The program waits for the kernels of other contexts that use o's
  * registered pages before it unregisters them, as it must without cudefer:
  * the driver's unregister does not wait for them, cudefer's for 5 ms at
- * most (README, limits). Under load, 5 ms pass. */
-static void wait_foreign_writers(struct mobj *o)
+ * most (README, limits), and under load 5 ms pass. The writers have
+ * events; the readers do not, so the contexts whose kernels touched memory
+ * of o's context are synchronised (found at the end of an input: a reader
+ * of another context faulted on pages unregistered there). */
+static void wait_foreign_users(struct mobj *o)
 {
     for (int k = 0; k < 4; k++)
         if (o->ev[k] && o->ev_ctx[k] != o->ctx)
             expect_rc("cuEventSynchronize", cuEventSynchronize(o->ev[k]), CUDA_SUCCESS);
+    for (int i = 0; o->ctx >= 0 && i < MAX_CTX; i++)
+        if (i != o->ctx && ctxs[i].alive && (ctxs[i].used_memory_of & 1u << o->ctx))
+            expect_rc("cuCtxSynchronize_v2", cuCtxSynchronize_v2(ctxs[i].h), CUDA_SUCCESS);
 }
 
 static void drop_events(struct mobj *o, int only_ctx, bool destroy)
@@ -1588,7 +1594,7 @@ static void op_release(struct input *in)
          * limits). */
         spin_stop();
         if (live && live->kind == K_REGISTERED)
-            wait_foreign_writers(live);
+            wait_foreign_users(live);
         others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1);
         got = do_release(call, key);
         others_done(rcall_names[call]);
@@ -1792,7 +1798,7 @@ static void finish_input(void)
             continue; /* unreachable: its context is gone, so it is TORN */
         enum rcall call = right_call[objs[i].kind];
         if (objs[i].kind == K_REGISTERED)
-            wait_foreign_writers(&objs[i]);
+            wait_foreign_users(&objs[i]);
         expect_rc(rcall_names[call], do_release(call, objs[i].key), CUDA_SUCCESS);
         objs[i].state = RELEASED;
         if (objs[i].kind == K_REGISTERED) {
