@@ -104,12 +104,13 @@ bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)
 
 /* ---- entries in transit ------------------------------------------------------ */
 
-/* All of it, and each device's (the last slot: a device not known). */
+/* Each device's (the last slot: a device not known); all of it is their
+ * sum. */
 #define TRANSIT_SLOTS 65
 static pthread_mutex_t transit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t transit_cond;
-static long long transit, transit_of[TRANSIT_SLOTS];
-static unsigned long long transit_moves, moves_of[TRANSIT_SLOTS];
+static long long transit_of[TRANSIT_SLOTS];
+static unsigned long long moves_of[TRANSIT_SLOTS];
 
 static int transit_slot(int dev)
 {
@@ -121,9 +122,15 @@ static int transit_slot(int dev)
 static long long transit_for(int dev, unsigned long long *moves)
 {
     if (dev == CD_TRANSIT_ALL) {
+        long long n = 0;
+        unsigned long long m = 0;
+        for (int s = 0; s < TRANSIT_SLOTS; s++) {
+            n += transit_of[s];
+            m += moves_of[s];
+        }
         if (moves)
-            *moves = transit_moves;
-        return transit;
+            *moves = m;
+        return n;
     }
     int s = transit_slot(dev), u = TRANSIT_SLOTS - 1;
     if (moves)
@@ -141,11 +148,10 @@ void cd_books_transit(int dev, long long delta)
 {
     int s = transit_slot(dev);
     pthread_mutex_lock(&transit_lock);
-    transit += delta;
-    transit_moves++;
     transit_of[s] += delta;
     moves_of[s]++;
-    if (transit == 0 || transit_of[s] == 0)
+    /* The change that empties all of it empties its own slot. */
+    if (transit_of[s] == 0)
         pthread_cond_broadcast(&transit_cond);
     pthread_mutex_unlock(&transit_lock);
 }
@@ -179,8 +185,6 @@ void cd_books_reset(void)
     atomic_store(&registered_pending, 0);
     pthread_mutex_init(&transit_lock, NULL);
     cd_cond_init_monotonic(&transit_cond);
-    transit = 0;
-    transit_moves = 0;
     memset(transit_of, 0, sizeof transit_of);
     memset(moves_of, 0, sizeof moves_of);
 }
@@ -511,14 +515,6 @@ size_t cd_books_entries(struct cd_ctx *c)
     size_t n = (size_t)(c->held_entries + c->cached_entries);
     pthread_mutex_unlock(&c->lock);
     return n;
-}
-
-bool cd_books_empty(struct cd_ctx *c)
-{
-    pthread_mutex_lock(&c->lock);
-    bool empty = cd_list_empty(&c->deferred) && cd_list_empty(&c->inflight);
-    pthread_mutex_unlock(&c->lock);
-    return empty;
 }
 
 bool cd_books_holds(struct cd_ctx *c, unsigned mask)

@@ -97,9 +97,7 @@ void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r);
 /* How many entries c's books hold. */
 size_t cd_books_entries(struct cd_ctx *c);
 
-/* Whether c's books hold anything (frees not yet batched included), and
- * how many entries reuses claim. */
-bool cd_books_empty(struct cd_ctx *c);
+/* How many entries reuses claim in c. */
 int cd_books_claims(struct cd_ctx *c);
 /* Whether c's books hold entries of the kinds in mask (device frees not
  * yet batched count as device blocks). */

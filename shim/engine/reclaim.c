@@ -235,6 +235,12 @@ static unsigned reach_mask(const struct reach *r, const struct cd_ctx *c)
     return r->everywhere | (r->dev < 0 || c->device == r->dev ? r->here : 0);
 }
 
+/* Whether r takes c's device blocks, and so its frees in flight. */
+static bool reach_takes_device(const struct reach *r, const struct cd_ctx *c)
+{
+    return reach_mask(r, c) & (1u << CD_DEVICE);
+}
+
 /* A flush: why, what it takes in each context, whether it settles the
  * frees in flight, until when it waits for the other contexts' records of
  * the fences (far_deadline, cd_now_ns; 0: for as long as they take; past
@@ -261,22 +267,22 @@ struct flush {
  * context's work, as the driver's release did. */
 #define OOM_FAR_NS 100000000ull
 
-/* Releases the entries of c that f->take picks, of the kinds in mask:
- * device blocks through cuMemFreeAsync behind their fence, the others with
- * the driver's release.
+/* Releases the entries of c that f->take picks, of the kinds f->reach
+ * takes there: device blocks through cuMemFreeAsync behind their fence,
+ * the others with the driver's release.
  * A synchronisation (why CD_FLUSH_SYNC) leaves the entries whose other
  * contexts' records have not passed: the program waited for its context
  * only. Other flushes WAIT for those records (until f->far_deadline). With
  * f->settle, WAITS until c's frees in flight have given the memory back.
  * Notes in f whether there was anything to do. MAY WAIT. */
-static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
+static void flush_context(struct cd_ctx *c, struct flush *f)
 {
     enum cd_flush_reason why = f->why;
     struct cd_link list, device;
     cd_list_init(&list);
     cd_list_init(&device);
     struct cd_take take = f->take;
-    take.mask &= mask;
+    take.mask &= reach_mask(f->reach, c);
     /* Frees in flight are device blocks. */
     bool settle = f->settle && (take.mask & (1u << CD_DEVICE));
     take.far = why == CD_FLUSH_SYNC ? far_floor(c) : UINT64_MAX;
@@ -398,11 +404,10 @@ static void flush_context(struct cd_ctx *c, struct flush *f, unsigned mask)
 static void flush_each(struct cd_ctx *c, void *arg)
 {
     struct flush *f = arg;
-    unsigned mask = reach_mask(f->reach, c) & f->take.mask;
-    if (!mask)
+    if (!(reach_mask(f->reach, c) & f->take.mask))
         return;
     cd_ctx_warm_up(c);
-    flush_context(c, f, mask);
+    flush_context(c, f);
 }
 
 /* Makes f in every context. MAY WAIT. */
@@ -453,7 +458,7 @@ void cd_context_synchronized(CUcontext ctx)
     cd_ctx_warm_up(c);
     struct flush f = {.why = CD_FLUSH_SYNC, .take = CD_TAKE_ALL(CD_ALL_KINDS)};
     f.take.keep = cd_option_int(CD_OPT_KEEP);
-    flush_context(c, &f, CD_ALL_KINDS);
+    flush_context(c, &f);
     cd_waiter_see(c);
     cd_ctx_exit(c);
 }
@@ -474,8 +479,7 @@ struct oom_walk {
 static void reclaim_ready(struct cd_ctx *c, void *arg)
 {
     struct oom_walk *w = arg;
-    bool *any = &w->found;
-    if (!(reach_mask(w->reach, c) & (1u << CD_DEVICE)))
+    if (!reach_takes_device(w->reach, c))
         return;
     struct cd_scope sc;
     cd_scope_enter(&sc, atomic_load(&c->handle), true);
@@ -485,19 +489,18 @@ static void reclaim_ready(struct cd_ctx *c, void *arg)
      * on the books (holds_anything). */
     cd_books_transit(c->device, 1);
     if (cd_books_take_passed(c, fence_passed, &list) && free_settled(c, &list))
-        *any = true;
+        w->found = true;
     cd_books_transit(c->device, -1);
     cd_scope_leave(&sc);
     if (cd_waiter_settle(c, false))
-        *any = true;
+        w->found = true;
 }
 
 static void note_held(struct cd_ctx *c, void *arg)
 {
     struct oom_walk *w = arg;
-    unsigned mask = reach_mask(w->reach, c);
-    if (cd_books_holds(c, mask) || cd_books_claims(c) ||
-        ((mask & (1u << CD_DEVICE)) && cd_waiter_pending(c)))
+    if (cd_books_holds(c, reach_mask(w->reach, c)) || cd_books_claims(c) ||
+        (reach_takes_device(w->reach, c) && cd_waiter_pending(c)))
         w->found = true;
 }
 
@@ -535,16 +538,14 @@ static void claims_wait(struct cd_ctx *c, void *arg)
  * allocation. WAITS for their fences. */
 static void settle_each(struct cd_ctx *c, void *arg)
 {
-    const struct reach *reach = arg;
-    if (reach_mask(reach, c) & (1u << CD_DEVICE))
+    if (reach_takes_device(arg, c))
         cd_waiter_settle(c, true);
 }
 
 /* Everything the engine holds that reach takes goes back to the driver,
  * but what ending contexts hold back (*held_back). WAITS for the GPU. */
-static bool reclaim_waiting(const struct cd_alloc *a, const struct reach *reach, bool *held_back)
+static bool reclaim_waiting(const char *call, const struct reach *reach, bool *held_back)
 {
-    const char *call = a->call;
     if (!holds_anything(reach))
         return false;
     cd_log(CD_LOG_INFO, "%s ran out of memory: waiting for the GPU to give back what "
@@ -639,7 +640,7 @@ bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
      * before the retry is taken back too. */
     a->level++;
     bool held = false;
-    if (!reclaim_waiting(a, &reach, &held)) {
+    if (!reclaim_waiting(a->call, &reach, &held)) {
         /* Nothing held now; what another thread settled since the ask is
          * back with the driver. */
         return recheck(a);

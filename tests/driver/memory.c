@@ -220,15 +220,24 @@ void td_alloc_unlink(struct td_alloc *a)
         quarantine_add((void *)a->base, round_up(a->span, PAGE));
 }
 
+/* Gives bytes of an allocation of kind outside pools back to cap. */
+static void give_cap_of(enum testdrv_kind kind, enum td_cap cap, size_t bytes)
+{
+    if (kind == TESTDRV_MANAGED)
+        td_cap_give_managed(cap, bytes);
+    else
+        td_cap_give(cap, bytes);
+}
+
 /* Gives a's bytes back to its capacity (an imported mapping took none). */
 void td_alloc_give_cap(struct td_alloc *a)
 {
     if (a->imported)
         return;
-    if (a->kind == TESTDRV_MANAGED && !a->pool)
-        td_cap_give_managed(a->cap, a->size);
-    else
+    if (a->pool)
         td_cap_give(a->cap, a->size);
+    else
+        give_cap_of(a->kind, a->cap, a->size);
 }
 
 /* td_alloc_unlink, gives its capacity back, frees the record. */
@@ -337,10 +346,7 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
     else
         base = (uintptr_t)td_host_map(size);
     if (!base) {
-        if (kind == TESTDRV_MANAGED)
-            td_cap_give_managed(cap, size);
-        else
-            td_cap_give(cap, size);
+        give_cap_of(kind, cap, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, td_ctx_root(c));
