@@ -422,10 +422,9 @@ static void *spin_helper(void *arg)
  * them is stuck until the helper lets them go after a second: the driver
  * alone would have returned. Found by hand first: cuMemHostUnregister
  * waited for ever for a kernel of another context that waited for its
- * caller (bench/RESULTS.md, run 94). */
-/* others_wait_for_me, in the contexts of devices other than dev alone when
- * dev is not -1. */
-static void wait_for_me_in(int own, int dev)
+ * caller (bench/RESULTS.md, run 94). With dev not -1, only the contexts of
+ * the other devices get one (a call that may wait for its device's work). */
+static void others_wait_for_me(int own, int dev)
 {
     /* A green context's memory is its primary context's (slot = device). */
     int owner = own >= 0 && ctxs[own].green ? ctxs[own].dev : own;
@@ -445,11 +444,6 @@ static void wait_for_me_in(int own, int dev)
     atomic_store(&helper_fired, false);
     /* The helper's second counts from the call. */
     atomic_store(&op_started_ns, now_ns());
-}
-
-static void others_wait_for_me(int own)
-{
-    wait_for_me_in(own, -1);
 }
 
 static void others_done(const char *what)
@@ -588,15 +582,13 @@ static void canary_check(int first, int count)
 /* The program waits for the kernels of other contexts that use o's
  * registered pages before it unregisters them, as it must without cudefer:
  * the driver's unregister does not wait for them, cudefer's for 5 ms at
- * most (README, limits), and under load 5 ms pass. The writers have
- * events; the readers do not, so the contexts whose kernels touched memory
- * of o's context are synchronised (found at the end of an input: a reader
- * of another context faulted on pages unregistered there). */
+ * most (README, limits), and under load 5 ms pass. Readers have no events
+ * (writers do), so the contexts whose kernels touched memory of o's
+ * context, the writers' among them, are synchronised (found at the end of
+ * an input: a reader of another context faulted on pages unregistered
+ * there). */
 static void wait_foreign_users(struct mobj *o)
 {
-    for (int k = 0; k < 4; k++)
-        if (o->ev[k] && o->ev_ctx[k] != o->ctx)
-            expect_rc("cuEventSynchronize", cuEventSynchronize(o->ev[k]), CUDA_SUCCESS);
     for (int i = 0; o->ctx >= 0 && i < MAX_CTX; i++)
         if (i != o->ctx && ctxs[i].alive && (ctxs[i].used_memory_of & 1u << o->ctx))
             expect_rc("cuCtxSynchronize_v2", cuCtxSynchronize_v2(ctxs[i].h), CUDA_SUCCESS);
@@ -1218,7 +1210,7 @@ static bool alloc_begin(struct nowait *m, const char *what, enum mkind k, int sl
          * not wait for them (they may be a collective waiting for this
          * thread's next launch). */
         if (on_device_capacity(k) && k != K_MANAGED && slot >= 0) {
-            wait_for_me_in(slot, ctxs[slot].dev);
+            others_wait_for_me(slot, ctxs[slot].dev);
             m->others = true;
         } else {
             spin_stop();
@@ -1595,7 +1587,7 @@ static void op_release(struct input *in)
         spin_stop();
         if (live && live->kind == K_REGISTERED)
             wait_foreign_users(live);
-        others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1);
+        others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1, -1);
         got = do_release(call, key);
         others_done(rcall_names[call]);
     } else {

@@ -41,9 +41,10 @@
  *                   and releases the first block (with cudefer its fence
  *                   has a record of the second context, behind the flag
  *                   kernel); the measured call is cuMemAlloc of half that
- *                   block's size: out of memory but for that block. The driver freed it at its release (its own
- *                   context was idle); cudefer must give it back without
- *                   waiting for the other context's kernel for long
+ *                   block's size: out of memory but for that block. The
+ *                   driver freed it at its release (its own context was
+ *                   idle); cudefer must give it back without waiting for
+ *                   the other context's kernel for long
  *   oom-kind        a pinned block allocated while the GPU is idle; the flag
  *                   kernel starts; another thread frees the block (the
  *                   driver's cuMemFreeHost waits there for the kernel, which
