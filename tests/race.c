@@ -60,7 +60,9 @@
  * cuStreamBeginCapture_ptsz and _v2_ptsz; cuStreamBeginCaptureToGraph and
  * its _ptsz twin; a capture the program invalidates with cuStreamQuery; a
  * stream destroyed in the middle of its capture; GLOBAL and THREAD_LOCAL
- * captures of a few launches) with releases made while they are live;
+ * captures of a few launches; beside a live per-thread capture, a capture
+ * of the per-thread stream of a context made and destroyed for it) with
+ * releases made while they are live;
  * primary context resets.
  *
  * The program is correct, as a real one would be: it never uses an object
@@ -348,6 +350,7 @@ struct worker {
     int again_flags;      /* -1: chosen at random */
     /* statistics */
     unsigned long long allocs, ooms, releases, launches, syncs, swaps, captures[CAP_KINDS],
+        captures_beside,
         invalidations, spans[4], resets, flushes;
 };
 
@@ -1150,6 +1153,45 @@ static void strict_capture(struct worker *w)
         hx_blocking_capture_exit(c);
 }
 
+/* While its per-thread capture is live, the thread makes a context of its
+ * own, captures that context's per-thread stream (each context has its
+ * own), ends the capture and destroys the context: the first capture is
+ * still live, and must end as it began. */
+static void per_thread_capture_beside(struct worker *w)
+{
+    CUcontext h = NULL, popped = NULL;
+    CUgraph g = NULL;
+    int dev = cur(w)->dev;
+    hx_begin(&w->t, "cuCtxCreate on device %d beside the live capture", dev);
+    CUresult rc = hx_ctx_create(4, &h, dev);
+    hx_end(&w->t, rc);
+    if (!hx_expect(&w->t, "cuCtxCreate", rc, CUDA_SUCCESS))
+        return;
+    hx_expect(&w->t, "cuCtxPushCurrent", cuCtxPushCurrent(h), CUDA_SUCCESS);
+    bool ptsz = hx_below(&w->t, 2);
+    hx_begin(&w->t, "begin a capture of %s in a context of its own",
+             cap_names[ptsz ? CAP_PTSZ : CAP_PER_THREAD]);
+    rc = ptsz ? api.begin_capture_v2_ptsz(NULL, CU_STREAM_CAPTURE_MODE_RELAXED)
+              : cuStreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED);
+    hx_end(&w->t, rc);
+    if (hx_expect(&w->t, "cuStreamBeginCapture", rc, CUDA_SUCCESS)) {
+        hx_expect(&w->t, "testdrv_launch (captured)",
+                  testdrv_launch(CU_STREAM_PER_THREAD, 10, 0, 0, TESTDRV_NONE), CUDA_SUCCESS);
+        hx_begin(&w->t, "end that capture");
+        rc = ptsz ? api.end_capture_ptsz(NULL, &g) : cuStreamEndCapture(CU_STREAM_PER_THREAD, &g);
+        hx_end(&w->t, rc);
+        hx_expect(&w->t, "cuStreamEndCapture", rc, CUDA_SUCCESS);
+        if (rc == CUDA_SUCCESS && g)
+            cuGraphDestroy(g);
+    }
+    hx_expect(&w->t, "cuCtxPopCurrent", cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    hx_begin(&w->t, "cuCtxDestroy of that context");
+    rc = cuCtxDestroy(h);
+    hx_end(&w->t, rc);
+    hx_expect(&w->t, "cuCtxDestroy", rc, CUDA_SUCCESS);
+    w->captures_beside++;
+}
+
 static void capture_op(struct worker *w)
 {
     if (!w->cap.live) {
@@ -1165,6 +1207,8 @@ static void capture_op(struct worker *w)
         invalidate_capture(w);
     else if (pick == 1 && on_created)
         swap_stream(w); /* may destroy the capturing stream */
+    else if (pick == 2 && !on_created)
+        per_thread_capture_beside(w);
     else
         end_capture(w);
 }
@@ -1679,8 +1723,8 @@ int main(int argc, char **argv)
     hx_watchdog_stop();
 
     unsigned long long allocs = 0, ooms = 0, releases = 0, launches = 0, syncs = 0, swaps = 0,
-                       caps[CAP_KINDS] = {0}, inval = 0, spans[4] = {0}, resets = 0,
-                       flushes = 0;
+                       caps[CAP_KINDS] = {0}, beside = 0, inval = 0, spans[4] = {0},
+                       resets = 0, flushes = 0;
     for (int i = 0; i < hx.threads; i++) {
         struct worker *w = &workers[i];
         allocs += w->allocs, ooms += w->ooms, releases += w->releases;
@@ -1688,6 +1732,7 @@ int main(int argc, char **argv)
         inval += w->invalidations, resets += w->resets, flushes += w->flushes;
         for (int k = 0; k < CAP_KINDS; k++)
             caps[k] += w->captures[k];
+        beside += w->captures_beside;
         for (int k = 0; k < 4; k++)
             spans[k] += w->spans[k];
     }
@@ -1696,8 +1741,9 @@ int main(int argc, char **argv)
            "%llu flushes\n", hx.ops, work_s, allocs, ooms, releases, launches, syncs, swaps,
            flushes);
     printf("race: captures: %llu created stream, %llu per-thread, %llu _ptsz, %llu to graph, "
-           "%llu to graph _ptsz; %llu invalidated or ended by the program\n", caps[0], caps[1],
-           caps[2], caps[3], caps[4], inval);
+           "%llu to graph _ptsz; %llu invalidated or ended by the program; %llu per-thread "
+           "captures in a second context beside a live one\n", caps[0], caps[1], caps[2],
+           caps[3], caps[4], inval, beside);
     printf("race: spans: %llu own contexts, %llu primary(1), %llu green; %llu resets or last "
            "releases of primary(1)\n", spans[SPAN_OWN], spans[SPAN_ROLE], spans[SPAN_GREEN],
            resets);

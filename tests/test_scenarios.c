@@ -1493,6 +1493,47 @@ Test(scenarios, three_hundred_captures_at_once_end, .timeout = 20)
     expect_releases_after_captures("300 captures");
 }
 
+/* Each context has its own per-thread stream. A thread captures its
+ * per-thread stream in context A, pushes context B and captures B's too,
+ * ends B's capture, pops back and destroys B: A's capture is still live,
+ * and nothing cudefer does (the releases made meanwhile, fenced once the
+ * captures it knows of are over) may invalidate it. */
+Test(scenarios, per_thread_captures_of_two_contexts_on_one_thread, .timeout = 20)
+{
+    CUcontext a = test_context(), b, popped;
+    CUctxCreateParams params = {0};
+    CU_OK(cuCtxCreate(&b, &params, 0, device0()));
+    CU_OK(cuCtxSetCurrent(a));
+    void *early, *late;
+    CUdeviceptr d;
+    CU_OK(cuMemAllocHost(&early, 4096));
+    CU_OK(cuMemAllocHost(&late, 4096));
+    CU_OK(cuMemAlloc(&d, 4096));
+    const CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_OK(cuStreamBeginCapture(CU_STREAM_PER_THREAD, relaxed));
+    CU_OK(testdrv_launch(CU_STREAM_PER_THREAD, 10, 0, 0, TESTDRV_NONE));
+    CU_OK(cuCtxPushCurrent(b));
+    CU_OK(cuStreamBeginCapture(CU_STREAM_PER_THREAD, relaxed));
+    CU_OK(testdrv_launch(CU_STREAM_PER_THREAD, 10, 0, 0, TESTDRV_NONE));
+    CUgraph gb = NULL, ga = NULL;
+    CU_OK(cuStreamEndCapture(CU_STREAM_PER_THREAD, &gb));
+    CU_OK(cuCtxPopCurrent(&popped));
+    cr_assert_eq(popped, b);
+    CU_OK(cuMemFreeHost(early)); /* queued while A's capture is live */
+    CU_OK(cuCtxDestroy(b));
+    CU_OK(cuMemFreeHost(late));
+    CU_OK(cuMemFree(d));
+    CUresult rc = cuStreamEndCapture(CU_STREAM_PER_THREAD, &ga);
+    cr_expect_eq(rc, CUDA_SUCCESS, "context A's capture ended with %d", (int)rc);
+    cr_expect_eq(testdrv_invalidated_captures(), 0);
+    if (ga)
+        CU_OK(cuGraphDestroy(ga));
+    CU_OK(cuGraphDestroy(gb));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(program_live(TESTDRV_HOST), 0, "pinned blocks still held after a synchronisation");
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
 /* ==== 10.4 Green contexts ================================================== */
 
 /* Every kind of object the test driver counts, but the streams and events

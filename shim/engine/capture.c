@@ -20,8 +20,8 @@ static _Atomic int fences_active;
 static _Atomic int captures_pending;
 
 /* A live capture: the stream as the program named it, made canonical (the
- * per-thread default stream is CU_STREAM_PER_THREAD plus its thread), and
- * its context. */
+ * per-thread default stream is CU_STREAM_PER_THREAD plus its thread; each
+ * context has its own), and its context. */
 struct capture {
     CUstream stream;
     pthread_t thread;
@@ -163,11 +163,18 @@ void cd_capture_begun(CUstream stream, bool per_thread, CUresult rc)
     capture_done(1);
 }
 
-static bool matches(const struct capture *c, CUstream stream, CUcontext ctx)
+/* A capture of stream, or with ctx every capture of ctx. The default
+ * streams are each context's own: the per-thread stream's capture is this
+ * thread's in the current context (cur; NULL when it is not known). */
+static bool matches(const struct capture *c, CUstream stream, CUcontext ctx, CUcontext cur)
 {
     if (ctx)
         return c->ctx == ctx;
     if (c->stream != stream)
+        return false;
+    if (stream != CU_STREAM_PER_THREAD && stream != CU_STREAM_LEGACY)
+        return true;
+    if (cur && c->ctx && c->ctx != cur)
         return false;
     return stream != CU_STREAM_PER_THREAD || pthread_equal(c->thread, pthread_self());
 }
@@ -194,20 +201,22 @@ static void end_where(bool (*picked)(const struct capture *c, const void *arg), 
 
 struct where {
     CUstream stream;
-    CUcontext ctx;
+    CUcontext ctx, cur;
 };
 
 static bool of_stream_or_ctx(const struct capture *c, const void *arg)
 {
     const struct where *w = arg;
-    return matches(c, w->stream, w->ctx);
+    return matches(c, w->stream, w->ctx, w->cur);
 }
 
-/* Ends the captures of stream (the first match) or, with ctx, all of
- * ctx's. */
+/* Ends the captures of stream (the first match; a default stream's in the
+ * current context) or, with ctx, all of ctx's. */
 static void forget(CUstream stream, CUcontext ctx)
 {
-    struct where w = {stream, ctx};
+    struct where w = {stream, ctx, NULL};
+    if (!ctx && (stream == CU_STREAM_PER_THREAD || stream == CU_STREAM_LEGACY))
+        w.cur = context_of(stream);
     end_where(of_stream_or_ctx, &w, ctx != NULL);
 }
 

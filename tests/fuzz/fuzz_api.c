@@ -246,6 +246,7 @@ static enum cur current(int *slot)
 
 static void expect_rc(const char *what, CUresult got, CUresult want)
 {
+    TRACE("  %s -> %d", what, (int)got);
     if (got != want)
         FAIL("%s returned %d, the driver would return %d", what, (int)got, (int)want);
 }

@@ -11,11 +11,19 @@
  * The driver alone holds nothing; cudefer may hold at most its device cache
  * (CUDEFER_DEVICE_CACHE, 256 MiB by default).
  *
+ * Then each context's own per-thread stream: the thread captures its
+ * per-thread stream in context A, pushes a second context B, captures B's,
+ * ends B's, pops, releases a pinned block (queued: A's capture is live),
+ * destroys B, releases a device block and ends A's capture. The driver
+ * ends it with success; a cudefer that took B's end for A's would have
+ * fenced its releases in A during A's capture and invalidated it.
+ *
  * usage: capture_ptsz
  *
  * prints:
  *   RESULT capture_ptsz begin_rc=<code> launch_rc=<code> end_rc=<code>
  *          loop_errors=<n> sync_rc=<code> held_mib=<n> settle_ms=<ms>
+ *          two_ctx_begin_rc=<code> two_ctx_end_rc=<code>
  *          cudefer=<0|1> simulated=<0|1>
  */
 #include "gpu.h"
@@ -30,6 +38,49 @@ extern __typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
 #define ROUNDS 8
 #define HELD_GOAL_MIB 256.0
 #define SETTLE_MS 1000.0
+
+/* The second part (above): *begin is the worst of the four begins and
+ * ends before A's end, *end A's end. */
+static void two_contexts(const struct gc_kernels *k, CUresult *begin, CUresult *end)
+{
+    unsigned long long zero = 0;
+    CUdeviceptr none = 0;
+    void *args[] = {&none, &zero};
+    CUcontext a, b, popped;
+    CUdevice dev;
+    GC_CHECK(cuCtxGetCurrent(&a));
+    GC_CHECK(cuCtxGetDevice(&dev));
+    GC_CHECK(cuCtxCreate(&b, NULL, 0, dev));
+    GC_CHECK(cuCtxSetCurrent(a));
+    void *early, *late;
+    CUdeviceptr d;
+    GC_CHECK(cuMemAllocHost(&early, 4096));
+    GC_CHECK(cuMemAllocHost(&late, 4096));
+    GC_CHECK(cuMemAlloc(&d, 4096));
+    CUgraph ga = NULL, gb = NULL;
+    const CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUresult rc[4];
+    rc[0] = cuStreamBeginCapture_v2_ptsz(NULL, relaxed);
+    rc[1] = cuLaunchKernel_ptsz(k->touch, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+    GC_CHECK(cuCtxPushCurrent(b));
+    rc[2] = cuStreamBeginCapture_v2_ptsz(NULL, relaxed);
+    rc[3] = cuStreamEndCapture_ptsz(NULL, &gb);
+    GC_CHECK(cuCtxPopCurrent(&popped));
+    *begin = CUDA_SUCCESS;
+    for (int i = 0; i < 4; i++)
+        if (rc[i] != CUDA_SUCCESS && *begin == CUDA_SUCCESS)
+            *begin = rc[i];
+    GC_CHECK(cuMemFreeHost(early));
+    GC_CHECK(cuCtxDestroy(b));
+    GC_CHECK(cuMemFreeHost(late));
+    GC_CHECK(cuMemFree(d));
+    *end = cuStreamEndCapture_ptsz(NULL, &ga);
+    if (ga)
+        GC_CHECK(cuGraphDestroy(ga));
+    if (gb)
+        GC_CHECK(cuGraphDestroy(gb));
+    GC_CHECK(cuCtxSynchronize());
+}
 
 int main(void)
 {
@@ -68,10 +119,16 @@ int main(void)
         held = gc_used_mib() - before;
     }
 
+    double settle = gc_now_ms() - t0;
+
+    CUresult two_begin, two_end;
+    two_contexts(&kernels, &two_begin, &two_end);
+
     printf("RESULT capture_ptsz begin_rc=%s launch_rc=%s end_rc=%s loop_errors=%d",
            gc_rc(begin), gc_rc(launch), gc_rc(end), errors);
-    printf(" sync_rc=%s held_mib=%.0f settle_ms=%.0f cudefer=%d simulated=%d\n", gc_rc(sync),
-           held, gc_now_ms() - t0, gc_cudefer_loaded(), gc_test_driver());
+    printf(" sync_rc=%s held_mib=%.0f settle_ms=%.0f two_ctx_begin_rc=%s two_ctx_end_rc=%s",
+           gc_rc(sync), held, settle, gc_rc(two_begin), gc_rc(two_end));
+    printf(" cudefer=%d simulated=%d\n", gc_cudefer_loaded(), gc_test_driver());
     fflush(stdout);
     GC_CHECK(cuModuleUnload(kernels.module));
     gc_fini();

@@ -852,6 +852,10 @@ def capture_ptsz_problems(r):
     problems = []
     if not is_success(r, "begin_rc", "launch_rc", "end_rc", "sync_rc"):
         problems.append("a call failed")
+    if not is_success(r, "two_ctx_begin_rc"):
+        problems.append("two contexts' per-thread captures: %s" % r.get("two_ctx_begin_rc"))
+    if not is_success(r, "two_ctx_end_rc"):
+        problems.append("context A's capture ended with %s" % r.get("two_ctx_end_rc"))
     if r.get("loop_errors") != "0":
         problems.append("%s allocations or frees failed" % r.get("loop_errors"))
     if num(r, "held_mib", 1e9) > CAPTURE_PTSZ_HELD_MIB:
@@ -864,12 +868,13 @@ def report_capture_ptsz(res, summary):
     rows = mode_rows(
         res, "capture_ptsz", "capture-ptsz", "capture_ptsz", capture_ptsz_problems,
         lambda r: tuple(r.get(k, "-") for k in ("begin_rc", "end_rc", "loop_errors",
-                                                "held_mib", "settle_ms")),
+                                                "held_mib", "settle_ms", "two_ctx_end_rc")),
         verdicts, needs_kernels=False)
     table("capture-ptsz: a capture on the per-thread stream (_ptsz), then 8 x 512 MiB "
-          "alloc/free: memory held after cuCtxSynchronize",
+          "alloc/free: memory held after cuCtxSynchronize; then per-thread captures in two "
+          "contexts on one thread: the first context's capture end",
           ("mode", "program", "begin", "end", "loop errors", "held MiB", "settle ms",
-           "verdict"), rows)
+           "two contexts: A's end", "verdict"), rows)
     s = res.one("capture_ptsz", mode="shim") or {}
     n = res.one("capture_ptsz", mode="none") or {}
     add_verdicts(summary, "capture-ptsz", verdicts, "held: shim %s MiB (goal <= %.0f), "
