@@ -44,6 +44,8 @@ static CUresult release_library(const struct cd_record *r)
 #define HANDLE CUDA_ERROR_INVALID_HANDLE
 #define UNREGISTERED CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
 #define DESTROYED CUDA_ERROR_CONTEXT_IS_DESTROYED
+/* The driver answers: a host address never crashes it. */
+#define ASK CUDA_SUCCESS
 
 /* Managed memory has no stream-ordered free (cuMemFreeAsync answers
  * CUDA_ERROR_NOT_SUPPORTED); a mipmapped array is taken to answer as an
@@ -53,7 +55,7 @@ static const struct cd_backend rows[CD_KIND_COUNT] = {
     [CD_DEVICE]     = {CD_OPT_DEVICE,     true,  true,  false, true,  VALUE,        VALUE,        release_device},
     [CD_MANAGED]    = {CD_OPT_MANAGED,    false, true,  false, true,  VALUE,        VALUE,        release_device},
     [CD_HOST]       = {CD_OPT_HOST,       false, true,  false, true,  VALUE,        VALUE,        release_host},
-    [CD_REGISTERED] = {CD_OPT_REGISTERED, false, false, true,  true,  UNREGISTERED, UNREGISTERED, release_registered},
+    [CD_REGISTERED] = {CD_OPT_REGISTERED, false, false, true,  true,  UNREGISTERED, ASK,          release_registered},
     [CD_ARRAY]      = {CD_OPT_ARRAY,      false, false, false, true,  HANDLE,       DESTROYED,    release_array},
     [CD_MIPMAPPED]  = {CD_OPT_ARRAY,      false, false, false, true,  HANDLE,       DESTROYED,    release_mipmapped},
     [CD_MODULE]     = {CD_OPT_MODULE,     false, false, false, true,  HANDLE,       HANDLE,       release_module},
@@ -64,6 +66,7 @@ static const struct cd_backend rows[CD_KIND_COUNT] = {
 #undef HANDLE
 #undef UNREGISTERED
 #undef DESTROYED
+#undef ASK
 
 const struct cd_backend *cd_backend(enum cd_kind kind)
 {

@@ -31,7 +31,8 @@ struct cd_backend {
     /* The driver's answer for one released already... */
     CUresult double_release;
     /* ...and for one its context's destruction freed (measured on the
-     * H200: tests/conformance). */
+     * H200: tests/conformance); CUDA_SUCCESS: the driver's own call answers
+     * (a registration's address may be covered by one made since). */
     CUresult torn_release;
     /* Really releases the object. MAY WAIT for the GPU: called at flush
      * points, teardown and for releases beyond the limits only. */

@@ -397,8 +397,12 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
         atomic_fetch_add(&cd_stats.passed[cls], 1);
         return false;
     case CD_WAS_TORN:
+        /* A registration's tomb is an address of the program's pages: a
+         * registration or pinned block made since may cover it without
+         * starting there, which the driver then answers otherwise
+         * (INVALID_VALUE): its own call answers. */
         *rc = cd_backend(cls)->torn_release;
-        return true;
+        return *rc != CUDA_SUCCESS;
     case CD_WAS_GONE:
     case CD_ALREADY_RETIRED:
         cd_log(CD_LOG_DEBUG, "%s %#lx released twice", cd_kind_name(cls), (unsigned long)key);

@@ -718,6 +718,31 @@ static void unregister_interior_after_unregister(struct conform_run *r)
     conform_saw(r, "", cuMemHostUnregister(h + 4096));
 }
 
+/* HOST_MEMORY_NOT_REGISTERED: the context's destruction undid the
+ * registration. */
+static void unregister_after_ctx_destroy(struct conform_run *r)
+{
+    char *h = pages(r);
+    CUcontext b = other_context(r);
+    need(r, cuMemHostRegister(h, CONFORM_BYTES, 0), "cuMemHostRegister");
+    need(r, cuCtxDestroy(b), "cuCtxDestroy");
+    conform_saw(r, "", cuMemHostUnregister(h));
+}
+
+/* INVALID_VALUE: the context's destruction undid the registration, and a
+ * registration made since in another context, one page lower, covers the
+ * address without starting there (an interior pointer, as above). */
+static void unregister_after_ctx_destroy_inside_a_new_registration(struct conform_run *r)
+{
+    char *h = pages(r);
+    CUcontext b = other_context(r);
+    need(r, cuMemHostRegister(h + 4096, CONFORM_BYTES - 4096, 0), "cuMemHostRegister");
+    need(r, cuCtxDestroy(b), "cuCtxDestroy");
+    need(r, cuMemHostRegister(h, CONFORM_BYTES, 0), "cuMemHostRegister");
+    conform_saw(r, "", cuMemHostUnregister(h + 4096));
+    need(r, cuMemHostUnregister(h), "cuMemHostUnregister");
+}
+
 /* HOST_MEMORY_NOT_REGISTERED: freed pinned memory is unknown to the driver,
  * whatever cudefer holds. */
 static void unregister_after_free_host(struct conform_run *r)
@@ -1080,6 +1105,10 @@ static const struct conform_case conform_cases[] = {
     {"cuMemHostUnregister(no_current_context)", unregister_no_context, .call = {OK, AS_DRIVER}},
     {"cuMemHostUnregister(interior_after_unregister)", unregister_interior_after_unregister,
      .call = {NOT_REGISTERED, AS_DRIVER}},
+    {"cuMemHostUnregister(after_ctx_destroy)", unregister_after_ctx_destroy,
+     .call = {NOT_REGISTERED, AS_DRIVER}},
+    {"cuMemHostUnregister(after_ctx_destroy_inside_a_new_registration)",
+     unregister_after_ctx_destroy_inside_a_new_registration, .call = {INVALID_VALUE, AS_DRIVER}},
     {"cuMemHostUnregister(after_cuMemFreeHost)", unregister_after_free_host,
      .call = {NOT_REGISTERED, AS_DRIVER}},
     {"cuMemHostUnregister(interior_after_cuMemFreeHost)", unregister_interior_after_free_host,
