@@ -654,6 +654,20 @@ bool hx_pages_map(struct hx_pages *p)
     return true;
 }
 
+bool hx_pages_unmap(struct hx_thread *t, struct hx_pages *p)
+{
+    for (int k = 0; k < HX_REG_PAGES; k++)
+        if (p->state[k] == HX_PAGE_REGISTERED)
+            return false;
+    for (int k = 0; k < HX_REG_PAGES; k++) {
+        hx_page_check(t, p, k);
+        p->state[k] = HX_PAGE_FREE;
+    }
+    munmap(p->base, (size_t)HX_REG_PAGES * HX_PAGE);
+    p->base = NULL;
+    return true;
+}
+
 unsigned char *hx_page_at(struct hx_pages *p, int page)
 {
     return p->base + (size_t)page * HX_PAGE;

@@ -225,6 +225,11 @@ struct hx_pages {
 /* Maps the pages (all free); false, after a line on stderr, if mmap
  * failed. */
 bool hx_pages_map(struct hx_pages *p);
+/* The program frees its buffer, as free does: when none of the pages is
+ * registered, checks their canaries and unmaps them (the driver may then
+ * hand their addresses out for pinned or managed memory; hx_pages_map
+ * takes new ones). False when a page is registered. */
+bool hx_pages_unmap(struct hx_thread *t, struct hx_pages *p);
 unsigned char *hx_page_at(struct hx_pages *p, int page);
 /* The first of a run of want pages none of which is registered, the
  * search beginning at a page drawn from t's stream; -1 if there is none. */

@@ -350,7 +350,7 @@ struct worker {
     int again_flags;      /* -1: chosen at random */
     /* statistics */
     unsigned long long allocs, ooms, releases, launches, syncs, swaps, captures[CAP_KINDS],
-        captures_beside,
+        captures_beside, renewals,
         invalidations, spans[4], resets, flushes;
 };
 
@@ -685,7 +685,8 @@ static CUresult release_call(struct obj *o)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-static void release(struct worker *w, int i)
+/* Releases the worker's object i; returns its kind. */
+static enum okind release(struct worker *w, int i)
 {
     struct obj o = w->held[i];
     w->held[i] = w->held[--w->nheld];
@@ -703,6 +704,29 @@ static void release(struct worker *w, int i)
     }
     acct_release(o.acct, o.bytes);
     w->releases++;
+    return o.kind;
+}
+
+/* After an unregister, now and then, the worker frees its buffer of pages
+ * for registrations and takes a new one (free, then malloc), then
+ * allocates pinned or managed memory of the buffer's size, which the driver
+ * may place on the old addresses: it refuses to while a registration of
+ * them is still there, and without cudefer none is. */
+static void renew_pages(struct worker *w)
+{
+    if (w->nheld == HELD)
+        return;
+    hx_begin(&w->t, "free the pages for registrations");
+    bool unmapped = hx_pages_unmap(&w->t, &w->reg);
+    hx_end(&w->t, CUDA_SUCCESS);
+    if (!unmapped)
+        return;
+    w->renewals++;
+    w->again_size = (size_t)HX_REG_PAGES * HX_PAGE;
+    allocate(w, hx_below(&w->t, 2) ? K_HOST : K_MANAGED);
+    w->again_size = 0;
+    if (!hx_pages_map(&w->reg))
+        hx_fail(&w->t, "result", "mmap of new pages for registrations failed");
 }
 
 /* The program's common pattern: a block released and one of the same kind,
@@ -1510,8 +1534,9 @@ static void one_operation(void *arg)
     } else if (pick < 440) {
         if (w->nheld == 0)
             allocate(w, (enum okind)hx_below(&w->t, K_COUNT));
-        else
-            release(w, (int)hx_below(&w->t, (unsigned)w->nheld));
+        else if (release(w, (int)hx_below(&w->t, (unsigned)w->nheld)) == K_REGISTERED &&
+                 hx_below(&w->t, 2) == 0)
+            renew_pages(w);
     } else if (pick < 640) {
         launch(w);
     } else if (pick < 700) {
@@ -1530,6 +1555,7 @@ static void one_operation(void *arg)
         reset_op(w);
     } else if (pick >= 880 && pick < 890) {
         meminfo(w);
+
     } else if (pick >= 940 && w->span == SPAN_NONE && across_on) {
         launch_across(w);
     } else if (pick >= 900 && w->nheld < HELD) {
@@ -1724,7 +1750,7 @@ int main(int argc, char **argv)
 
     unsigned long long allocs = 0, ooms = 0, releases = 0, launches = 0, syncs = 0, swaps = 0,
                        caps[CAP_KINDS] = {0}, beside = 0, inval = 0, spans[4] = {0},
-                       resets = 0, flushes = 0;
+                       resets = 0, flushes = 0, renewals = 0;
     for (int i = 0; i < hx.threads; i++) {
         struct worker *w = &workers[i];
         allocs += w->allocs, ooms += w->ooms, releases += w->releases;
@@ -1733,13 +1759,14 @@ int main(int argc, char **argv)
         for (int k = 0; k < CAP_KINDS; k++)
             caps[k] += w->captures[k];
         beside += w->captures_beside;
+        renewals += w->renewals;
         for (int k = 0; k < 4; k++)
             spans[k] += w->spans[k];
     }
     printf("race: %llu operations in %.2f s: %llu allocations (%llu out of memory, all within "
            "the rule), %llu releases, %llu launches, %llu synchronisations, %llu stream swaps, "
-           "%llu flushes\n", hx.ops, work_s, allocs, ooms, releases, launches, syncs, swaps,
-           flushes);
+           "%llu flushes; %llu buffers of registered pages freed and taken anew\n", hx.ops,
+           work_s, allocs, ooms, releases, launches, syncs, swaps, flushes, renewals);
     printf("race: captures: %llu created stream, %llu per-thread, %llu _ptsz, %llu to graph, "
            "%llu to graph _ptsz; %llu invalidated or ended by the program; %llu per-thread "
            "captures in a second context beside a live one\n", caps[0], caps[1], caps[2],

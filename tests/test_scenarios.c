@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -243,6 +244,57 @@ Test(scenarios, registration_makes_only_the_unregister_it_overlaps, .timeout = 2
     CU_OK(cuCtxSynchronize());
     CU_OK(cuCtxDestroy(second));
     free(pages);
+}
+
+/* The program unregisters its buffer and frees it (the pages are unmapped,
+ * as free does for a large buffer); its next allocation of pinned or
+ * managed memory may land on those addresses. The driver refuses a mapping
+ * over a registration it still holds (ALREADY_MAPPED, INVALID_VALUE for
+ * managed memory: measured, facts unmapped), and with cudefer the driver's
+ * unregister is still pending: the allocation must succeed all the same,
+ * as it does without cudefer. Allocations of half the buffer (the
+ * process may have mapped a page at the top of the hole since) that land
+ * elsewhere are kept until one lands there. */
+static void allocate_over_freed_registration(bool managed)
+{
+    test_context();
+    const size_t bytes = 8 * MIB;
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    CU_OK(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CU_OK(testdrv_launch(s, 1000, (CUdeviceptr)(uintptr_t)p, bytes, TESTDRV_WRITE));
+    CU_OK(cuMemHostUnregister(p));
+    munmap(p, bytes);
+    enum { TRIES = 8 };
+    void *got[TRIES];
+    int n = 0, over = 0;
+    for (; n < TRIES && !over; n++) {
+        CUdeviceptr m = 0;
+        CUresult rc = managed ? cuMemAllocManaged(&m, bytes / 2, CU_MEM_ATTACH_GLOBAL)
+                              : cuMemAllocHost(&got[n], bytes / 2);
+        cr_assert_eq(rc, CUDA_SUCCESS, "allocation %d after the program freed its unregistered "
+                     "buffer: %d", n + 1, (int)rc);
+        if (managed)
+            got[n] = (void *)(uintptr_t)m;
+        over = (char *)got[n] < (char *)p + bytes && (char *)p < (char *)got[n] + bytes / 2;
+    }
+    cr_expect(over, "no allocation landed on the freed buffer's addresses (%d tries)", n);
+    for (int i = 0; i < n; i++)
+        CU_OK(managed ? cuMemFree((CUdeviceptr)(uintptr_t)got[i]) : cuMemFreeHost(got[i]));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 0);
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+Test(scenarios, pinned_allocation_over_a_freed_unregistered_buffer, .timeout = 20)
+{
+    allocate_over_freed_registration(false);
+}
+
+Test(scenarios, managed_allocation_over_a_freed_unregistered_buffer, .timeout = 20)
+{
+    allocate_over_freed_registration(true);
 }
 
 /* An unregister waits for the work before it in its own context, and for

@@ -15,6 +15,7 @@
 /* ---- pending registrations --------------------------------------------- */
 
 static _Atomic long long registered_pending;
+static _Atomic unsigned long long unregisters_done;
 static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Broadcast when a range stops being pending. */
 static pthread_cond_t ranges_cond;
@@ -57,7 +58,13 @@ void cd_books_unregistered(struct cd_record *r)
     if (r->kind == CD_REGISTERED && r->pending) {
         r->pending = false;
         note_range(r, -1);
+        atomic_fetch_add(&unregisters_done, 1);
     }
+}
+
+unsigned long long cd_books_unregisters_done(void)
+{
+    return atomic_load(&unregisters_done);
 }
 
 long long cd_books_registered_pending(void)
@@ -88,6 +95,18 @@ bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi)
     bool found = overlap_locked(lo, hi);
     pthread_mutex_unlock(&ranges_lock);
     return found;
+}
+
+size_t cd_books_registered_ranges(uintptr_t (*out)[2], size_t max)
+{
+    pthread_mutex_lock(&ranges_lock);
+    size_t n = nranges < max ? nranges : max;
+    for (size_t i = 0; i < n; i++) {
+        out[i][0] = ranges[i].lo;
+        out[i][1] = ranges[i].hi;
+    }
+    pthread_mutex_unlock(&ranges_lock);
+    return n;
 }
 
 bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)

@@ -107,9 +107,13 @@ bool cd_books_holds(struct cd_ctx *c, unsigned mask);
  * the registration: its range is no longer pending. */
 void cd_books_unregistered(struct cd_record *r);
 
+/* How many pending registrations have been undone so far. */
+unsigned long long cd_books_unregisters_done(void);
 /* Registrations whose unregister is pending, in every context. */
 long long cd_books_registered_pending(void);
 bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
+/* Copies up to max pending ranges [lo, hi) into out; returns how many. */
+size_t cd_books_registered_ranges(uintptr_t (*out)[2], size_t max);
 /* WAITS (for other threads, not for the GPU) until no pending registration
  * overlaps [lo, hi), at most ms milliseconds: one that another thread's
  * flush holds while the driver unregisters it. True when none does. */

@@ -102,6 +102,8 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
     a->start_ns = cd_now_ns();
     a->level = 0;
     a->rechecks = 0;
+    a->remaps = 0;
+    a->unregistered = cd_books_unregisters_done();
     a->held_ns = 0;
     a->seen = cd_registry_returned();
     a->mem = kind == CD_HOST || kind == CD_REGISTERED ? CD_MEM_HOST

@@ -117,6 +117,8 @@ struct cd_alloc {
     uint64_t held_ns;   /* when ending contexts first held released memory back */
     unsigned long long seen; /* cd_registry_returned() before the last ask */
     int mem;            /* whose memory it takes: a device's ordinal, or CD_MEM_* */
+    int remaps;         /* retries made after unregisters of unmapped pages */
+    unsigned long long unregistered; /* cd_books_unregisters_done() at the last ask */
     const char *call;
 };
 #define CD_FLAGS_ALLOC_HOST 0x80000000u
@@ -164,7 +166,14 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key);
  * memory stands) once a round finds the engine holding nothing, or after
  * eight rounds once a second has passed since the allocation began: other
  * threads may take what a round gives back, and release more, before this
- * one asks again. */
+ * one asks again.
+ * A pinned allocation answered CUDA_ERROR_ALREADY_MAPPED, or a managed one
+ * CUDA_ERROR_INVALID_VALUE, may have landed on pages whose unregister the
+ * engine holds and which the program has unmapped since (freed after its
+ * cuMemHostUnregister): the driver refuses to map memory over a
+ * registration it still has (measured, tests/gpu/facts.c unmapped). Those
+ * unregisters are made, which MAY WAIT for their contexts' work as the
+ * program's own unregisters would have, and the call is asked again. */
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc);
 
 /* The allocation's end: on success the object is tracked, and the time it

@@ -34,7 +34,9 @@
 #include "stats.h"
 #include "waiter.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <time.h>
 
 /* A context whose teardown has begun holds what the program released in
@@ -610,8 +612,12 @@ static bool recheck(struct cd_alloc *a)
     return true;
 }
 
+static bool release_unmapped(struct cd_alloc *a, CUresult rc);
+
 bool cd_alloc_failed(struct cd_alloc *a, CUresult rc)
 {
+    if (release_unmapped(a, rc))
+        return true;
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || !cd_engine_on())
         return false;
     if (a->level > WAITING_ROUNDS && cd_now_ns() - a->start_ns >= PERSIST_NS)
@@ -699,6 +705,52 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
     if (cd_books_registered_overlap(lo, hi))
         cd_log(CD_LOG_ERROR, "a pending unregister of %#lx stays out of reach", (unsigned long)lo);
     return any;
+}
+
+/* Whether every page of [lo, hi) is mapped in the process (msync answers
+ * ENOMEM for a range with a hole; MS_ASYNC writes nothing back). */
+static bool mapped(uintptr_t lo, uintptr_t hi)
+{
+    uintptr_t start = lo & ~(uintptr_t)4095;
+    return msync((void *)start, hi - start, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+
+#define UNMAPPED_LOOK 256
+
+/* The driver refuses to map new pinned or managed memory over a
+ * registration it still holds (cuMemAllocHost and cuMemHostAlloc answer
+ * ALREADY_MAPPED, cuMemAllocManaged INVALID_VALUE; each then succeeds at
+ * the same address once the registration is undone: measured on the H200,
+ * tests/gpu/facts.c unmapped). A pending unregister is such a registration
+ * once the program has unmapped its pages (free after cuMemHostUnregister),
+ * which the driver's own unregister would have undone at the program's
+ * call. Makes the pending unregisters whose pages are no longer all mapped
+ * (up to UNMAPPED_LOOK of them; one another thread's flush holds is waited
+ * for); true when one of them is undone now, or another thread undid a
+ * pending registration since the call was asked, so that the caller asks
+ * again (at most four times). MAY WAIT for those unregisters. */
+static bool release_unmapped(struct cd_alloc *a, CUresult rc)
+{
+    bool refused = (a->kind == CD_HOST && rc == CUDA_ERROR_ALREADY_MAPPED) ||
+                   (a->kind == CD_MANAGED && rc == CUDA_ERROR_INVALID_VALUE);
+    if (!refused || a->remaps >= 4 || !cd_engine_on())
+        return false;
+    bool again = cd_books_unregisters_done() != a->unregistered;
+    uintptr_t ranges[UNMAPPED_LOOK][2];
+    size_t n = cd_books_registered_ranges(ranges, UNMAPPED_LOOK), ngone = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!mapped(ranges[i][0], ranges[i][1])) {
+            release_overlapping(ranges[i][0], ranges[i][1]);
+            again |= !cd_books_registered_overlap(ranges[i][0], ranges[i][1]);
+            ngone++;
+        }
+    if (!again)
+        return false;
+    a->unregistered = cd_books_unregisters_done();
+    a->remaps++;
+    cd_log(CD_LOG_DEBUG, "%s: the driver refused memory over %zu registrations whose pages the "
+           "program unmapped; made their unregisters, retrying", a->call, ngone);
+    return true;
 }
 
 void cd_register_start(void *ptr, size_t bytes)

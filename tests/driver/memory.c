@@ -349,6 +349,18 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
         give_cap_of(kind, cap, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    /* The new pages may land where a registration still is whose pages
+     * the program has unmapped without unregistering them: the driver
+     * refuses the mapping (measured on an H200, driver 580.159.04,
+     * 2026-12-03, tests/gpu/facts.c unmapped: cuMemAllocHost and
+     * cuMemHostAlloc answer ALREADY_MAPPED, cuMemAllocManaged
+     * INVALID_VALUE; each succeeds at the same address once the
+     * registration is undone). */
+    if (kind != TESTDRV_DEVICE && reg_overlap(base, size)) {
+        munmap((void *)base, round_up(size, PAGE));
+        give_cap_of(kind, cap, size);
+        return kind == TESTDRV_HOST ? CUDA_ERROR_ALREADY_MAPPED : CUDA_ERROR_INVALID_VALUE;
+    }
     struct td_alloc *a = td_alloc_add(base, size, size, kind, cap, td_ctx_root(c));
     a->owned = true;
     a->flags = flags;

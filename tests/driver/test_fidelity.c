@@ -1649,6 +1649,58 @@ Test(registration, undone_by_primary_reset, .timeout = 10)
     check_registration_undone(BY_RESET);
 }
 
+/* Pages registered and then unmapped by the program, the registration not
+ * undone: an allocation of host-visible memory that lands there fails
+ * (measured: facts unmapped; cuMemAllocHost and cuMemHostAlloc answer
+ * ALREADY_MAPPED, cuMemAllocManaged INVALID_VALUE), and succeeds once the
+ * registration is undone. Allocations that land elsewhere are kept until
+ * one lands there. */
+static void check_allocation_over_unmapped_registration(bool managed)
+{
+    ctx_setup();
+    const size_t bytes = 8 * MIB;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    CU_OK(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+    munmap(p, bytes);
+    enum { TRIES = 8 };
+    void *elsewhere[TRIES];
+    int n = 0;
+    CUresult rc = CUDA_SUCCESS;
+    for (; n < TRIES; n++) {
+        CUdeviceptr m = 0;
+        rc = managed ? cuMemAllocManaged(&m, bytes, CU_MEM_ATTACH_GLOBAL)
+                     : cuMemAllocHost(&elsewhere[n], bytes);
+        if (rc != CUDA_SUCCESS)
+            break;
+        if (managed)
+            elsewhere[n] = (void *)(uintptr_t)m;
+        cr_assert((char *)elsewhere[n] >= (char *)p + bytes ||
+                  (char *)elsewhere[n] + bytes <= (char *)p,
+                  "an allocation succeeded over a live registration");
+    }
+    cr_assert_eq(rc, managed ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_ALREADY_MAPPED,
+                 "%d allocations, then %d", n, (int)rc);
+    CU_OK(cuMemHostUnregister(p));
+    void *h = NULL;
+    CUdeviceptr m = 0;
+    CU_OK(managed ? cuMemAllocManaged(&m, bytes, CU_MEM_ATTACH_GLOBAL) : cuMemAllocHost(&h, bytes));
+    CU_OK(managed ? cuMemFree(m) : cuMemFreeHost(h));
+    for (int i = 0; i < n; i++)
+        CU_OK(managed ? cuMemFree((CUdeviceptr)(uintptr_t)elsewhere[i])
+                      : cuMemFreeHost(elsewhere[i]));
+}
+
+Test(registration, pinned_allocation_over_unmapped_pages_fails, .timeout = 10)
+{
+    check_allocation_over_unmapped_registration(false);
+}
+
+Test(registration, managed_allocation_over_unmapped_pages_fails, .timeout = 10)
+{
+    check_allocation_over_unmapped_registration(true);
+}
+
 /* ------------------------------------------------------------------ */
 /* 13. Answers for freed memory (measured: facts freed)                 */
 

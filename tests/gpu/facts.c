@@ -57,12 +57,20 @@
  *   evict        whether device memory that managed blocks occupy serves a
  *                cuMemAlloc that fits only without them (the driver moving
  *                managed pages out), and whether their contents survive
+ *   unmapped     pages registered and then unmapped by the program before
+ *                the driver's unregister (what a program that frees its
+ *                buffer after cuMemHostUnregister does while cudefer holds
+ *                that unregister): what the driver answers and where a
+ *                kernel's writes land when the program maps new pages at
+ *                the same address, and when cuMemAllocHost hands that
+ *                address out
  *
  * prints RESULT lines (bench/gpu.h).
  */
 #include "gpu.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdbool.h>
 
 static struct gc_kernels kernels;
@@ -1403,6 +1411,120 @@ static int fact_evict(void)
     return 0;
 }
 
+/* ---- registered pages unmapped before the driver's unregister ----------- */
+
+#define UNMAPPED_BYTES (64 * GC_MIB)
+#define PROBE_WORD 1000
+
+/* bytes of new anonymous pages, at `at` exactly (NULL: anywhere), every
+ * byte `fill`. */
+static unsigned char *map_pages(void *at, unsigned char fill)
+{
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0);
+    void *p = mmap(at, UNMAPPED_BYTES, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (p == MAP_FAILED || (at && p != at))
+        gc_die("mmap at %p failed", at);
+    memset(p, fill, UNMAPPED_BYTES);
+    return p;
+}
+
+/* The host's word PROBE_WORD of host after a kernel fills every word of
+ * the device pointer dptr with its index (PROBE_WORD if the write reached
+ * those pages); the fill's result in *rc. */
+static unsigned word_after_fill(CUstream s, CUdeviceptr dptr, const unsigned char *host,
+                                CUresult *rc)
+{
+    *rc = fill_all(s, dptr, UNMAPPED_BYTES);
+    if (*rc == CUDA_SUCCESS)
+        *rc = cuStreamSynchronize(s);
+    return ((const volatile unsigned *)host)[PROBE_WORD];
+}
+
+static int fact_unmapped(void)
+{
+    gc_init();
+    load_kernels();
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    const unsigned flags = CU_MEMHOSTREGISTER_DEVICEMAP;
+
+    /* The program maps new pages at the address (as malloc after free). */
+    unsigned char *p = map_pages(NULL, 0x11);
+    CUdeviceptr dp = 0, dq = 0;
+    GC_CHECK(cuMemHostRegister(p, UNMAPPED_BYTES, flags));
+    GC_CHECK(cuMemHostGetDevicePointer(&dp, p, 0));
+    munmap(p, UNMAPPED_BYTES);
+    unsigned char *q = map_pages(p, 0x22);
+    CUresult dq_rc = cuMemHostGetDevicePointer(&dq, q, 0), fill_rc;
+    unsigned seen = word_after_fill(s, dp, q, &fill_rc);
+    CUresult reg_rc = cuMemHostRegister(q, UNMAPPED_BYTES, flags);
+    CUresult unreg_rc = cuMemHostUnregister(p);
+    CUresult reg2_rc = cuMemHostRegister(q, UNMAPPED_BYTES, flags), fill2_rc = CUDA_ERROR_UNKNOWN;
+    unsigned seen2 = 0;
+    if (reg2_rc == CUDA_SUCCESS && cuMemHostGetDevicePointer(&dq, q, 0) == CUDA_SUCCESS)
+        seen2 = word_after_fill(s, dq, q, &fill2_rc);
+    printf("RESULT unmapped_remapped same_address=1 device_pointer_old=%#llx "
+           "device_pointer_query_rc=%s device_pointer_new=%#llx fill_old_rc=%s "
+           "word_seen_after_old_fill=%#x register_new_rc=%s unregister_old_rc=%s "
+           "register_new_after_rc=%s fill_new_rc=%s word_seen_after_new_fill=%#x\n",
+           (unsigned long long)dp, gc_rc(dq_rc), (unsigned long long)dq, gc_rc(fill_rc), seen,
+           gc_rc(reg_rc), gc_rc(unreg_rc), gc_rc(reg2_rc), gc_rc(fill2_rc), seen2);
+    if (reg2_rc == CUDA_SUCCESS)
+        cuMemHostUnregister(q);
+    munmap(q, UNMAPPED_BYTES);
+
+    /* An allocation of the same size right after the unmapping, by each of
+     * the calls that map host-visible memory: where it lands, and whether
+     * it succeeds once the old registration is undone. */
+    static const char *const how[] = {"cuMemAllocHost", "cuMemHostAlloc",
+                                       "cuMemHostAlloc_portable_devicemap",
+                                       "cuMemAllocManaged"};
+    for (int k = 0; k < 4; k++) {
+        unsigned char *r = map_pages(NULL, 0x11);
+        GC_CHECK(cuMemHostRegister(r, UNMAPPED_BYTES, flags));
+        munmap(r, UNMAPPED_BYTES);
+        CUresult rc[2] = {CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN}, unreg_rc = CUDA_ERROR_UNKNOWN;
+        void *h[2] = {NULL, NULL};
+        int overlap[2] = {0, 0};
+        for (int round = 0; round < 2; round++) {
+            CUdeviceptr m = 0;
+            switch (k) {
+            case 0: rc[round] = cuMemAllocHost(&h[round], UNMAPPED_BYTES); break;
+            case 1: rc[round] = cuMemHostAlloc(&h[round], UNMAPPED_BYTES, 0); break;
+            case 2:
+                rc[round] = cuMemHostAlloc(&h[round], UNMAPPED_BYTES,
+                                           CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+                break;
+            default:
+                rc[round] = cuMemAllocManaged(&m, UNMAPPED_BYTES, CU_MEM_ATTACH_GLOBAL);
+                h[round] = (void *)(uintptr_t)m;
+                break;
+            }
+            overlap[round] = h[round] && (unsigned char *)h[round] < r + UNMAPPED_BYTES &&
+                             r < (unsigned char *)h[round] + UNMAPPED_BYTES;
+            if (round == 0)
+                unreg_rc = cuMemHostUnregister(r);
+        }
+        unsigned seen = 0;
+        CUresult fill_rc = CUDA_ERROR_UNKNOWN;
+        CUdeviceptr dh = 0;
+        if (rc[1] == CUDA_SUCCESS && k < 3 &&
+            cuMemHostGetDevicePointer(&dh, h[1], 0) == CUDA_SUCCESS) {
+            memset(h[1], 0x22, UNMAPPED_BYTES);
+            seen = word_after_fill(s, dh, h[1], &fill_rc);
+        }
+        printf("RESULT unmapped_then_%s registered=%p rc=%s at=%p overlap=%d "
+               "unregister_old_rc=%s again_rc=%s again_at=%p again_overlap=%d fill_rc=%s "
+               "word_seen=%#x\n",
+               how[k], (void *)r, gc_rc(rc[0]), h[0], overlap[0], gc_rc(unreg_rc), gc_rc(rc[1]),
+               h[1], overlap[1], gc_rc(fill_rc), seen);
+        for (int round = 0; round < 2; round++)
+            if (rc[round] == CUDA_SUCCESS)
+                k < 3 ? cuMemFreeHost(h[round]) : cuMemFree((CUdeviceptr)(uintptr_t)h[round]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1414,7 +1536,7 @@ int main(int argc, char **argv)
         {"freed", fact_freed},     {"query", fact_query},       {"vmm", fact_vmm},
         {"capture", fact_capture}, {"beside", fact_beside},     {"word", fact_word},
         {"sizes", fact_sizes},     {"hostpool", fact_hostpool}, {"xctx", fact_xctx},
-        {"evict", fact_evict},
+        {"evict", fact_evict},     {"unmapped", fact_unmapped},
     };
     if (argc == 2 && strcmp(argv[1], "list") == 0) {
         for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
