@@ -22,6 +22,14 @@
  *          first_left_ms=<ms> second_end_ms=<ms> overwritten_words=<n>
  *          launch_rc=<code> launch_ms=<ms> sync_rc=<code> writer_running=<0|1>
  *          cudefer=<0|1> simulated=<0|1>
+ *   RESULT registered_freed alloc_host_rc=<code> alloc_host_same=<0|1>
+ *          managed_rc=<code> managed_same=<0|1>
+ * Then a buffer of 64 MiB, registered, unregistered and unmapped (as free
+ * does), and an allocation of its size at once (cuMemAllocHost, then
+ * again with cuMemAllocManaged): the driver tries that address, and
+ * refuses it while it still holds the registration (ALREADY_MAPPED,
+ * INVALID_VALUE; facts unmapped), which cudefer's held unregister must not
+ * cause. *_same: the allocation landed on the freed buffer's address.
  * first_left_ms: what was left of the first kernel when the unregister
  * began; second_end_ms: when the second kernel ends, from that moment (its
  * launch's return plus 500 ms); writer_running: the first kernel still ran
@@ -29,6 +37,8 @@
  * the test driver (no kernel runs).
  */
 #include "gpu.h"
+
+#include <sys/mman.h>
 
 #define BUFFER_BYTES (1 * GC_MIB)
 #define WRITER_MS 400.0
@@ -38,6 +48,31 @@
 
 static struct gc_kernels kernels;
 static CUcontext context;
+
+#define FREED_BYTES (64 * GC_MIB)
+
+/* The second part: one allocation (managed or pinned) right after the
+ * registered buffer was unregistered and unmapped; its result in *rc,
+ * whether it landed on the buffer's address in *same. */
+static void after_freed_buffer(bool managed, CUresult *rc, int *same)
+{
+    void *p = mmap(NULL, FREED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        gc_die("mmap failed");
+    memset(p, 1, FREED_BYTES);
+    GC_CHECK(cuMemHostRegister(p, FREED_BYTES, CU_MEMHOSTREGISTER_DEVICEMAP));
+    GC_CHECK(cuMemHostUnregister(p));
+    munmap(p, FREED_BYTES);
+    void *h = NULL;
+    CUdeviceptr m = 0;
+    *rc = managed ? cuMemAllocManaged(&m, FREED_BYTES, CU_MEM_ATTACH_GLOBAL)
+                  : cuMemAllocHost(&h, FREED_BYTES);
+    if (managed)
+        h = (void *)(uintptr_t)m;
+    *same = *rc == CUDA_SUCCESS && h == p;
+    if (*rc == CUDA_SUCCESS)
+        GC_CHECK(managed ? cuMemFree(m) : cuMemFreeHost(h));
+}
 
 /* The second thread: one launch, LAUNCH_AT_MS after start_ms. */
 static struct {
@@ -125,6 +160,15 @@ int main(void)
     fflush(stdout);
     if (sync != CUDA_SUCCESS)
         return 0;
+
+    CUresult host_rc, managed_rc;
+    int host_same, managed_same;
+    after_freed_buffer(false, &host_rc, &host_same);
+    after_freed_buffer(true, &managed_rc, &managed_same);
+    printf("RESULT registered_freed alloc_host_rc=%s alloc_host_same=%d managed_rc=%s "
+           "managed_same=%d cudefer=%d simulated=%d\n", gc_rc(host_rc), host_same,
+           gc_rc(managed_rc), managed_same, gc_cudefer_loaded(), gc_test_driver());
+    fflush(stdout);
 
     free(host);
     GC_CHECK(cuStreamDestroy(a));

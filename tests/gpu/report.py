@@ -636,6 +636,10 @@ def report_registered(res, summary):
                 problems.append("the launch blocked")
             if num(r, "unregister_ms", 1e9) >= (first + second) / 2:
                 problems.append("the unregister waited for the second kernel")
+            f = res.one("registered_freed", mode=mode) or {}
+            if not is_success(f, "alloc_host_rc", "managed_rc"):
+                problems.append("an allocation over the freed buffer failed (%s, %s)" % (
+                    f.get("alloc_host_rc", "-"), f.get("managed_rc", "-")))
             verdicts.append(verdict_of(problems, r, run, simulated(r)))
         rows.append((MODE_TITLES[mode], r.get("unregister_rc"), fmt_ms(num(r, "unregister_ms")),
                      r.get("first_left_ms"), r.get("second_end_ms"), r.get("overwritten_words"),
@@ -648,13 +652,18 @@ def report_registered(res, summary):
            "verdict"), rows)
     s = res.one("registered", mode="shim") or {}
     n = res.one("registered", mode="none") or {}
+    sf = res.one("registered_freed", mode="shim") or {}
     add_verdicts(summary, "registered", verdicts,
                  "shim: unregister %s ms (first kernel left %s ms), launch %s ms (goal < %s), "
-                 "%s words written after; no shim: unregister %s ms, launch %s ms" % (
+                 "%s words written after; no shim: unregister %s ms, launch %s ms; after a "
+                 "freed registered buffer, shim: cuMemAllocHost %s (same address %s), "
+                 "cuMemAllocManaged %s (same address %s)" % (
                      fmt_ms(num(s, "unregister_ms")), s.get("first_left_ms", "-"),
                      fmt_ms(num(s, "launch_ms")), REGISTERED_LAUNCH_MS,
                      s.get("overwritten_words", "-"), fmt_ms(num(n, "unregister_ms")),
-                     fmt_ms(num(n, "launch_ms"))))
+                     fmt_ms(num(n, "launch_ms")), sf.get("alloc_host_rc", "-"),
+                     sf.get("alloc_host_same", "-"), sf.get("managed_rc", "-"),
+                     sf.get("managed_same", "-")))
 
 
 def mode_rows(res, result, check, program, problems_of, cells_of, verdicts,
