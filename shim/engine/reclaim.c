@@ -724,32 +724,32 @@ static bool mapped(uintptr_t lo, uintptr_t hi)
  * tests/gpu/facts.c unmapped). A pending unregister is such a registration
  * once the program has unmapped its pages (free after cuMemHostUnregister),
  * which the driver's own unregister would have undone at the program's
- * call. Makes the pending unregisters whose pages are no longer all mapped
- * (up to UNMAPPED_LOOK of them; one another thread's flush holds is waited
- * for); true when one of them is undone now, or another thread undid a
- * pending registration since the call was asked, so that the caller asks
- * again (at most four times). MAY WAIT for those unregisters. */
+ * call. While any registration is pending (or one was undone since the
+ * call was asked), makes the pending unregisters whose pages are no longer
+ * all mapped (up to UNMAPPED_LOOK of them; one another thread's flush holds
+ * is waited for) and has the caller ask again, at most eight times: the
+ * program may have mapped new pages over the hole meanwhile, and the next
+ * try then lands elsewhere. MAY WAIT for those unregisters. */
 static bool release_unmapped(struct cd_alloc *a, CUresult rc)
 {
     bool refused = (a->kind == CD_HOST && rc == CUDA_ERROR_ALREADY_MAPPED) ||
                    (a->kind == CD_MANAGED && rc == CUDA_ERROR_INVALID_VALUE);
-    if (!refused || a->remaps >= 4 || !cd_engine_on())
+    if (!refused || a->remaps >= 8 || !cd_engine_on())
         return false;
-    bool again = cd_books_unregisters_done() != a->unregistered;
+    if (cd_books_registered_pending() == 0 && cd_books_unregisters_done() == a->unregistered)
+        return false; /* no registration of cudefer's can be what the driver refused */
     uintptr_t ranges[UNMAPPED_LOOK][2];
     size_t n = cd_books_registered_ranges(ranges, UNMAPPED_LOOK), ngone = 0;
     for (size_t i = 0; i < n; i++)
         if (!mapped(ranges[i][0], ranges[i][1])) {
             release_overlapping(ranges[i][0], ranges[i][1]);
-            again |= !cd_books_registered_overlap(ranges[i][0], ranges[i][1]);
             ngone++;
         }
-    if (!again)
-        return false;
     a->unregistered = cd_books_unregisters_done();
     a->remaps++;
-    cd_log(CD_LOG_DEBUG, "%s: the driver refused memory over %zu registrations whose pages the "
-           "program unmapped; made their unregisters, retrying", a->call, ngone);
+    cd_log(CD_LOG_DEBUG, "%s: the driver refused to map memory (%d) while registrations were "
+           "pending; made the unregisters of %zu whose pages the program unmapped, retrying",
+           a->call, (int)rc, ngone);
     return true;
 }
 
