@@ -6,7 +6,8 @@
  * real release (then, for a handle, a GONE tomb), its reuse (LIVE again), or
  * its context's destruction (a TORN tomb). A tomb answers a later release of
  * the same handle with the driver's code, so that a dead handle never
- * reaches the driver (which crashes on some); it lasts until the driver
+ * reaches the driver (which crashes on some; a registration's TORN tomb
+ * lets the driver answer: backends.c, ASK); it lasts until the driver
  * hands the same address or handle out again, or until it is the oldest of
  * too many (TOMBS_MAX in registry.c, logged once).
  *
