@@ -62,7 +62,9 @@
  * stream destroyed in the middle of its capture; GLOBAL and THREAD_LOCAL
  * captures of a few launches; beside a live per-thread capture, a capture
  * of the per-thread stream of a context made and destroyed for it) with
- * releases made while they are live;
+ * releases made while they are live; a buffer of registered pages freed
+ * right after an unregister and a pinned or managed allocation of its size
+ * at once (the driver refuses to map over a registration it still holds);
  * primary context resets.
  *
  * The program is correct, as a real one would be: it never uses an object
