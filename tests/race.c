@@ -710,10 +710,10 @@ static enum okind release(struct worker *w, int i)
 }
 
 /* After an unregister, now and then, the worker frees its buffer of pages
- * for registrations and takes a new one (free, then malloc), then
- * allocates pinned or managed memory of the buffer's size, which the driver
- * may place on the old addresses: it refuses to while a registration of
- * them is still there, and without cudefer none is. */
+ * for registrations, allocates pinned or managed memory of the buffer's
+ * size at once, which the driver may place on the freed addresses (it
+ * refuses to while a registration of them is still there, and without
+ * cudefer none is), and takes a new buffer. */
 static void renew_pages(struct worker *w)
 {
     if (w->nheld == HELD)
@@ -1557,7 +1557,6 @@ static void one_operation(void *arg)
         reset_op(w);
     } else if (pick >= 880 && pick < 890) {
         meminfo(w);
-
     } else if (pick >= 940 && w->span == SPAN_NONE && across_on) {
         launch_across(w);
     } else if (pick >= 900 && w->nheld < HELD) {
