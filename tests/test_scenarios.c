@@ -415,9 +415,12 @@ static void *release_in_thread(void *arg)
     return NULL;
 }
 
-/* Releases r's memory from another thread, which returns once it has. */
-static void release_elsewhere(struct release_in *r)
+/* Starts sp's kernel, which waits for this thread, then releases r's
+ * memory from another thread (behind that kernel), which returns once it
+ * has. */
+static void release_behind_waiting_kernel(struct release_in *r, struct spin *sp)
 {
+    spin_start(sp, test_stream(CU_STREAM_NON_BLOCKING));
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, release_in_thread, r), 0);
     pthread_join(t, NULL);
@@ -434,6 +437,19 @@ static CUcontext on_second_device(CUcontext *first)
     CU_OK(cuDeviceGet(&dev1, 1));
     CU_OK(cuCtxCreate(&other, NULL, 0, dev1));
     return other;
+}
+
+/* Makes first current and device 0 64 MiB, all of it allocated: returns
+ * the block that fills it. */
+static CUdeviceptr fill_first_device(CUcontext first)
+{
+    CU_OK(cuCtxSetCurrent(first));
+    testdrv_set_device_capacity(64 * MIB);
+    CUdeviceptr d;
+    size_t free_b = 0, total = 0;
+    CU_OK(cuMemGetInfo(&free_b, &total));
+    CU_OK(cuMemAlloc(&d, free_b));
+    return d;
 }
 
 /* Asks for bytes of device (or pinned) memory while sp's kernel waits for
@@ -467,14 +483,8 @@ Test(scenarios, out_of_memory_ignores_another_devices_kernel_that_waits_for_it, 
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAlloc(&r.d, 48 * MIB));
     struct spin sp;
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    release_elsewhere(&r); /* behind the kernel that waits for this thread */
-    CU_OK(cuCtxSetCurrent(first));
-    testdrv_set_device_capacity(64 * MIB);
-    CUdeviceptr d;
-    size_t free_b = 0, total = 0;
-    CU_OK(cuMemGetInfo(&free_b, &total));
-    CU_OK(cuMemAlloc(&d, free_b));
+    release_behind_waiting_kernel(&r, &sp);
+    CUdeviceptr d = fill_first_device(first);
     expect_out_of_memory_at_once(&sp, false, 16 * MIB, "device 0 is full");
     CU_OK(cuMemFree(d));
     CU_OK(cuCtxSynchronize());
@@ -488,8 +498,7 @@ Test(scenarios, pinned_out_of_memory_ignores_device_blocks_behind_a_waiting_kern
     struct release_in r = {.ctx = ctx};
     CU_OK(cuMemAlloc(&r.d, 16 * MIB));
     struct spin sp;
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    release_elsewhere(&r);
+    release_behind_waiting_kernel(&r, &sp);
     testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST) + 4 * MIB);
     expect_out_of_memory_at_once(&sp, true, 8 * MIB, "pinned memory is short");
     CU_OK(cuCtxSynchronize());
@@ -512,8 +521,7 @@ Test(scenarios, device_out_of_memory_ignores_managed_memory_behind_a_waiting_ker
     struct release_in r = {.ctx = ctx};
     CU_OK(cuMemAllocManaged(&r.d, 20 * MIB, CU_MEM_ATTACH_GLOBAL));
     struct spin sp;
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    release_elsewhere(&r);
+    release_behind_waiting_kernel(&r, &sp);
     expect_out_of_memory_at_once(&sp, false, 30 * MIB,
                                  "24 MiB are left beside the device blocks");
     CU_OK(cuMemFree(held));
@@ -560,17 +568,11 @@ Test(scenarios, out_of_memory_ignores_another_devices_flush_under_way, .timeout 
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAllocHost(&r.host, 4 * MIB));
     struct spin sp;
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    release_elsewhere(&r);
+    release_behind_waiting_kernel(&r, &sp);
     pthread_t flusher;
     cr_assert_eq(pthread_create(&flusher, NULL, flush_in_thread, NULL), 0);
     sleep_ms(50); /* the flush waits for the pinned block's fence */
-    CU_OK(cuCtxSetCurrent(first));
-    testdrv_set_device_capacity(64 * MIB);
-    CUdeviceptr d;
-    size_t free_b = 0, total = 0;
-    CU_OK(cuMemGetInfo(&free_b, &total));
-    CU_OK(cuMemAlloc(&d, free_b));
+    CUdeviceptr d = fill_first_device(first);
     expect_out_of_memory_at_once(&sp, false, 16 * MIB, "device 0 is full");
     pthread_join(flusher, NULL);
     CU_OK(cuMemFree(d));
@@ -585,8 +587,7 @@ Test(scenarios, pinned_out_of_memory_takes_back_another_devices_pinned_blocks, .
     struct release_in r = {.ctx = other};
     CU_OK(cuMemAllocHost(&r.host, 8 * MIB));
     struct spin sp; /* keeps the block from passing its fence until released */
-    spin_start(&sp, test_stream(CU_STREAM_NON_BLOCKING));
-    release_elsewhere(&r);
+    release_behind_waiting_kernel(&r, &sp);
     spin_release(&sp);
     CU_OK(cuCtxSetCurrent(first));
     testdrv_set_host_capacity(testdrv_live_bytes(TESTDRV_HOST) + 4 * MIB);
