@@ -25,7 +25,7 @@
 # The checks (GPU_CHECK_ONLY names them): doors, stall, hazards, deadlock,
 # oom, conform, capture (1-7), and registered, hidden-wait, teardown-race,
 # oom-concurrent, capture-ptsz, green, primary-unseen, sticky, quiet,
-# contexts (8-17;
+# contexts, inherit (8-18;
 # each a program of tests/gpu run without and with cudefer; see
 # tests/gpu/README.md), and libs (the CUDA libraries' handle and plan
 # destruction, without and with cudefer, one program per library in
@@ -173,7 +173,7 @@ build_shim() {
 
 # The driver-API programs of tests/gpu, each built on its own.
 PROGRAMS="stall hazard deadlock oom conform capture doors_drv registered hidden_wait
-    teardown_race oom_concurrent capture_ptsz green primary_unseen sticky multigpu"
+    teardown_race oom_concurrent capture_ptsz green primary_unseen sticky multigpu inherit"
 
 build_programs() {
     local p
@@ -375,6 +375,17 @@ check_primary_unseen() {
     local v
     for v in twice reset; do
         run_both primary-unseen "$v" 20 -- "$BIN/primary_unseen" "$v"
+    done
+}
+
+# A block allocated after a release must carry nothing the program set on
+# the released block (advice, a prefetch, a stream attachment, SYNC_MEMOPS):
+# tests/gpu/inherit.c, one process a variant.
+check_inherit() {
+    say "== 18. inherit"
+    local v
+    for v in advise prefetch attach syncmemops; do
+        run_both inherit "$v" 20 -- "$BIN/inherit" "$v"
     done
 }
 
@@ -592,6 +603,7 @@ wanted oom-concurrent && check_oom_concurrent
 wanted capture-ptsz && check_capture_ptsz
 wanted green && check_green
 wanted primary-unseen && check_primary_unseen
+wanted inherit && check_inherit
 wanted libs && check_libs
 wanted quiet && check_quiet
 wanted sticky && check_sticky

@@ -64,7 +64,10 @@
  *    returns at once: the primary context it references stays retained),
  *    cuDevicePrimaryCtxRetain, a cuDevicePrimaryCtxRelease* that is not the
  *    last, cuMemFreeAsync*, cuGetProcAddress*, cuModuleGetFunction,
- *    cuKernelGetFunction; a primary release and a green destruction wait
+ *    cuKernelGetFunction, and the calls that set state on a block
+ *    (cuMemAdvise*, cuMemPrefetchAsync*, cuMemPrefetchBatchAsync*,
+ *    cuMemDiscardAndPrefetchBatchAsync*, cuStreamAttachMemAsync*,
+ *    cuPointerSetAttribute: the alter operation); a primary release and a green destruction wait
  *    for the engine's walks of the primary context, among them another
  *    thread's flush, which may wait for the GPU (DESIGN.md, section 3):
  *    they are not judged for polling while another thread's call that may
@@ -109,6 +112,10 @@
  * Also, after every operation: no kernel touched memory that was not live
  * (testdrv_faults), no call named a destroyed context, and every call
  * answered CUDA_SUCCESS (or CUDA_ERROR_OUT_OF_MEMORY for an allocation).
+ * Whose memory an allocation hands back: a new device, pinned or managed
+ * block answers every query as the driver's new allocation does, whatever
+ * the program set on blocks it released ('fresh': SYNC_MEMOPS 0, no
+ * advice, no prefetch location, attached globally; check_fresh).
  *
  * The program is correct, as in tests/race.c: it never uses an object after
  * releasing it; every thread uses the RELAXED capture mode and ends a
@@ -201,14 +208,22 @@ static const struct rule_row {
     {"cuMemFree", R_NO_WAIT}, {"cuMemFreeAsync", R_NO_WAIT}, {"cuMemFreeAsync_ptsz", R_NO_WAIT},
     {"cuMemFreeHost", R_NO_WAIT}, {"cuMemFree_v2", R_NO_WAIT},
     {"cuMemGetInfo", R_NO_WAIT}, {"cuMemGetInfo_v2", R_NO_WAIT},
+    {"cuMemAdvise", R_NO_WAIT}, {"cuMemAdvise_v2", R_NO_WAIT},
+    {"cuMemDiscardAndPrefetchBatchAsync", R_NO_WAIT},
+    {"cuMemDiscardAndPrefetchBatchAsync_ptsz", R_NO_WAIT},
     {"cuMemHostAlloc", R_ALLOC},
     {"cuMemHostRegister", R_REGISTER}, {"cuMemHostRegister_v2", R_REGISTER},
     {"cuMemHostUnregister", R_BOUNDED},
+    {"cuMemPrefetchAsync", R_NO_WAIT}, {"cuMemPrefetchAsync_ptsz", R_NO_WAIT},
+    {"cuMemPrefetchAsync_v2", R_NO_WAIT}, {"cuMemPrefetchAsync_v2_ptsz", R_NO_WAIT},
+    {"cuMemPrefetchBatchAsync", R_NO_WAIT}, {"cuMemPrefetchBatchAsync_ptsz", R_NO_WAIT},
     {"cuMipmappedArrayCreate", R_ALLOC}, {"cuMipmappedArrayDestroy", R_NO_WAIT},
     {"cuModuleGetFunction", R_NO_WAIT},
     {"cuModuleLoad", R_UNJUDGED}, {"cuModuleLoadData", R_UNJUDGED},
     {"cuModuleLoadDataEx", R_UNJUDGED}, {"cuModuleLoadFatBinary", R_UNJUDGED},
     {"cuModuleUnload", R_NO_WAIT},
+    {"cuPointerSetAttribute", R_NO_WAIT},
+    {"cuStreamAttachMemAsync", R_NO_WAIT}, {"cuStreamAttachMemAsync_ptsz", R_NO_WAIT},
     {"cuStreamBeginCapture", R_NO_WAIT}, {"cuStreamBeginCaptureToGraph", R_NO_WAIT},
     {"cuStreamBeginCaptureToGraph_ptsz", R_NO_WAIT}, {"cuStreamBeginCapture_ptsz", R_NO_WAIT},
     {"cuStreamBeginCapture_v2", R_NO_WAIT}, {"cuStreamBeginCapture_v2_ptsz", R_NO_WAIT},
@@ -351,6 +366,12 @@ typedef CUresult (*launch_kernel_fn)(CUfunction, unsigned, unsigned, unsigned, u
                                      unsigned, unsigned, unsigned, CUstream, void **, void **);
 typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*info32_fn)(unsigned *, unsigned *);
+typedef CUresult (*advise_v1_fn)(CUdeviceptr, size_t, CUmem_advise, CUdevice);
+typedef CUresult (*prefetch_v1_fn)(CUdeviceptr, size_t, CUdevice, CUstream);
+typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
+typedef CUresult (*prefetch_batch_fn)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *,
+                                      size_t, unsigned long long, CUstream);
+typedef CUresult (*attach_fn)(CUstream, CUdeviceptr, size_t, unsigned);
 
 static struct {
     alloc32_fn mem_alloc_v1;
@@ -372,6 +393,11 @@ static struct {
     launch_kernel_fn launch_kernel_ptsz;
     proc_v1_fn proc_v1;
     info32_fn info_v1;
+    advise_v1_fn advise_v1;
+    prefetch_v1_fn prefetch_v1, prefetch_v1_ptsz;
+    prefetch_v2_fn prefetch_v2_ptsz;
+    prefetch_batch_fn batch[4]; /* prefetch, its _ptsz; discard and prefetch, its _ptsz */
+    attach_fn attach_ptsz;
 } api;
 
 static void find_entry_points(void)
@@ -402,6 +428,15 @@ static void find_entry_points(void)
     api.launch_kernel_ptsz = (launch_kernel_fn)hx_sym("cuLaunchKernel_ptsz");
     api.proc_v1 = (proc_v1_fn)hx_sym("cuGetProcAddress");
     api.info_v1 = (info32_fn)hx_sym("cuMemGetInfo");
+    api.advise_v1 = (advise_v1_fn)hx_sym("cuMemAdvise");
+    api.prefetch_v1 = (prefetch_v1_fn)hx_sym("cuMemPrefetchAsync");
+    api.prefetch_v1_ptsz = (prefetch_v1_fn)hx_sym("cuMemPrefetchAsync_ptsz");
+    api.prefetch_v2_ptsz = (prefetch_v2_fn)hx_sym("cuMemPrefetchAsync_v2_ptsz");
+    api.batch[0] = (prefetch_batch_fn)hx_sym("cuMemPrefetchBatchAsync");
+    api.batch[1] = (prefetch_batch_fn)hx_sym("cuMemPrefetchBatchAsync_ptsz");
+    api.batch[2] = (prefetch_batch_fn)hx_sym("cuMemDiscardAndPrefetchBatchAsync");
+    api.batch[3] = (prefetch_batch_fn)hx_sym("cuMemDiscardAndPrefetchBatchAsync_ptsz");
+    api.attach_ptsz = (attach_fn)hx_sym("cuStreamAttachMemAsync_ptsz");
 }
 
 /* ---- objects ---------------------------------------------------------------------- */
@@ -547,7 +582,7 @@ struct worker {
     struct debt {
         CUdeviceptr d;
         size_t bytes;
-        struct hx_ctx *ctx;
+        struct hx_ctx *ctx; /* owner_of its context */
         long epoch; /* when it was released */
     } debts[DEBTS];
     int ndebts;
@@ -881,10 +916,18 @@ static size_t pick_size(struct worker *w)
     return sizes[hx_below(&w->t, 6)];
 }
 
+/* Whose blocks serve an allocation in c: a green context's memory is its
+ * primary context's (testdriver.h), so a block released there may serve an
+ * allocation in the green context, and the other way round. */
+static struct hx_ctx *owner_of(struct hx_ctx *c)
+{
+    return c->green ? &slot_primary : c;
+}
+
 static void note_managed_release(struct worker *w, const struct obj *o)
 {
     w->debts[w->ndebts++ % DEBTS] =
-        (struct debt){(CUdeviceptr)o->h, o->size, o->ctx, atomic_load(&epoch_now)};
+        (struct debt){(CUdeviceptr)o->h, o->size, owner_of(o->ctx), atomic_load(&epoch_now)};
 }
 
 /* Whether this thread released a managed block of n bytes in c that it has
@@ -904,7 +947,7 @@ static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdevicep
     for (int k = 0; k < count; k++) {
         int i = (w->ndebts - count + k) % DEBTS; /* oldest first */
         struct debt *b = &w->debts[i];
-        if (!b->d || b->ctx != c || b->bytes != n)
+        if (!b->d || b->ctx != owner_of(c) || b->bytes != n)
             continue;
         if (b->d == d && mine < 0)
             mine = i;
@@ -918,6 +961,112 @@ static bool managed_debt(struct worker *w, struct hx_ctx *c, size_t n, CUdevicep
 }
 
 static const char image[] = "// any image loads in the test driver\n";
+
+/* ---- state a program sets on its blocks ------------------------------------------- */
+
+/* Whether the program may set advice, prefetches, attachment or
+ * SYNC_MEMOPS on a block of this kind, and must find none of it on a new
+ * one: every plain allocation (not pool memory, registrations or handles). */
+static bool settable(enum okind k)
+{
+    return k == K_DEV32 || k == K_DEVICE || k == K_PITCH32 || k == K_PITCH || k == K_MANAGED ||
+           k == K_HOST32 || k == K_HOST || k == K_HOSTALLOC;
+}
+
+/* A new block must answer every query as the driver's new allocation does,
+ * whatever the program set on blocks it released (cudefer's reuse hands a
+ * released block out again: what was set on it must not come with it). */
+static void check_fresh(struct worker *w, const struct obj *o)
+{
+    unsigned sync = 9;
+    CUresult rc = cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)o->h);
+    if (rc != CUDA_SUCCESS || sync != 0)
+        hx_fail(&w->t, "fresh", "new %s block %#lx: SYNC_MEMOPS %u (%d), not 0",
+                kinds[o->kind].name, (unsigned long)o->h, sync, (int)rc);
+    if (o->kind != K_MANAGED)
+        return;
+    static const CUmem_range_attribute attrs[] = {
+        CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+        CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        int v = 7, want = i == 0 ? 0 : CU_DEVICE_INVALID;
+        rc = cuMemRangeGetAttribute(&v, sizeof v, attrs[i], (CUdeviceptr)o->h, o->bytes);
+        if (rc != CUDA_SUCCESS || v != want)
+            hx_fail(&w->t, "fresh", "new managed block %#lx: range attribute %d is %d (%d), not %d",
+                    (unsigned long)o->h, (int)attrs[i], v, (int)rc, want);
+    }
+    int attach = testdrv_managed_attachment((CUdeviceptr)o->h);
+    if (attach != CU_MEM_ATTACH_GLOBAL)
+        hx_fail(&w->t, "fresh", "new managed block %#lx: attached %d, not globally",
+                (unsigned long)o->h, attach);
+}
+
+/* Sets something on a block this thread holds in the current context: one
+ * of the calls that set state a reuse could hand on. None may wait. */
+static void alter(struct worker *w)
+{
+    struct hx_ctx *c = cur(w);
+    struct obj *o = w->nheld ? &w->held[hx_below(&w->t, (unsigned)w->nheld)] : NULL;
+    if (!o || !settable(o->kind) || o->ctx != c)
+        return;
+    CUdeviceptr d = (CUdeviceptr)o->h;
+    CUstream s = cur_streams(w)[1]; /* never the one a capture of this thread holds */
+    CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->dev};
+    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    size_t idx = 0, bytes = o->bytes;
+    unsigned how = o->kind == K_MANAGED ? hx_below(&w->t, 12) : 0;
+    static const char *const names[12] = {
+        "cuPointerSetAttribute", "cuMemAdvise", "cuMemAdvise_v2", "cuMemAdvise_v2",
+        "cuMemPrefetchAsync", "cuMemPrefetchAsync_ptsz", "cuMemPrefetchAsync_v2",
+        "cuMemPrefetchAsync_v2_ptsz", "cuMemPrefetchBatchAsync",
+        "cuMemDiscardAndPrefetchBatchAsync_ptsz", "cuStreamAttachMemAsync",
+        "cuStreamAttachMemAsync_ptsz"};
+    static const CUmem_advise advice[3] = {CU_MEM_ADVISE_SET_READ_MOSTLY,
+                                           CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                                           CU_MEM_ADVISE_SET_ACCESSED_BY};
+    const int one = 1;
+    struct probe p;
+    probe_begin(w, &p, names[how], "(%s %#lx)", kinds[o->kind].name, (unsigned long)d);
+    CUresult rc;
+    switch (how) {
+    case 0:
+        rc = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d);
+        break;
+    case 1:
+        rc = api.advise_v1(d, bytes, advice[hx_below(&w->t, 3)], c->dev);
+        break;
+    case 2:
+    case 3:
+        rc = cuMemAdvise(d, bytes, advice[how == 2 ? 0 : 1 + hx_below(&w->t, 2)],
+                         how == 3 && hx_below(&w->t, 2) ? host : dev);
+        break;
+    case 4:
+        rc = api.prefetch_v1(d, bytes, hx_below(&w->t, 2) ? c->dev : CU_DEVICE_CPU, s);
+        break;
+    case 5:
+        rc = api.prefetch_v1_ptsz(d, bytes, c->dev, s);
+        break;
+    case 6:
+        rc = cuMemPrefetchAsync(d, bytes, hx_below(&w->t, 2) ? dev : host, 0, s);
+        break;
+    case 7:
+        rc = api.prefetch_v2_ptsz(d, bytes, dev, 0, s);
+        break;
+    case 8:
+    case 9:
+        rc = api.batch[how == 8 ? hx_below(&w->t, 2) : 2 + hx_below(&w->t, 2)](&d, &bytes, 1, &dev,
+                                                                           &idx, 1, 0, s);
+        break;
+    case 10:
+        rc = cuStreamAttachMemAsync(s, d, 0, CU_MEM_ATTACH_HOST);
+        break;
+    default:
+        rc = api.attach_ptsz(s, d, 0, CU_MEM_ATTACH_SINGLE);
+        break;
+    }
+    probe_end(w, &p, rc, false);
+    hx_expect(&w->t, names[how], rc, CUDA_SUCCESS);
+}
 
 /* One allocation with call a, of n bytes where the call takes a size; the
  * object joins w->held (room for it is the caller's). */
@@ -1118,6 +1267,8 @@ static void allocate_with(struct worker *w, enum alloc_call a, size_t n)
         return;
     if (!hx_expect(&w->t, name, rc, CUDA_SUCCESS))
         return;
+    if (settable(o.kind))
+        check_fresh(w, &o);
     if (o.kind == K_REGISTERED)
         for (int k = o.page; k < o.page + o.npages; k++) {
             w->reg.state[k] = HX_PAGE_REGISTERED;
@@ -1824,6 +1975,8 @@ static void one_operation(void *arg)
         begin_span(w);
     } else if (pick < 958 && w->span == SPAN_NONE && !w->capturing && nshared > 1) {
         reset_op(w);
+    } else if (pick < 980) {
+        alter(w);
     } else {
         launch(w);
     }

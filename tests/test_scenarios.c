@@ -835,6 +835,157 @@ Test(scenarios, exported_block_is_never_reused, .timeout = 10)
               "the exported block was handed out again");
 }
 
+/* ==== 9.4 What a program sets on a block ===================================== */
+
+/* The driver's new allocation carries nothing the program set on a block it
+ * freed, at the same address too (measured on the H200: tests/gpu/inherit.c,
+ * bench/RESULTS.md run 111); a block cudefer hands out again must not
+ * either. Each test sets something on a block, releases it, and allocates
+ * the same kind and size again once the fence has passed; a block released
+ * just before without it shows the reuse that could hand it on. */
+
+static uintptr_t block_new(enum testdrv_kind kind, size_t bytes)
+{
+    CUdeviceptr d = 0;
+    void *h = NULL;
+    switch (kind) {
+    case TESTDRV_MANAGED:
+        CU_OK(cuMemAllocManaged(&d, bytes, CU_MEM_ATTACH_GLOBAL));
+        return (uintptr_t)d;
+    case TESTDRV_HOST:
+        CU_OK(cuMemAllocHost(&h, bytes));
+        return (uintptr_t)h;
+    default:
+        CU_OK(cuMemAlloc(&d, bytes));
+        return (uintptr_t)d;
+    }
+}
+
+static void block_free(enum testdrv_kind kind, uintptr_t p)
+{
+    CU_OK(kind == TESTDRV_HOST ? cuMemFreeHost((void *)p) : cuMemFree((CUdeviceptr)p));
+}
+
+/* set(p, bytes) on a block of kind, released; returns the block the next
+ * allocation of that kind and size gets. */
+static uintptr_t allocated_after(enum testdrv_kind kind, size_t bytes,
+                                 void (*set)(uintptr_t p, size_t bytes))
+{
+    test_context();
+    uintptr_t plain = block_new(kind, bytes);
+    block_free(kind, plain);
+    sleep_ms(50);
+    uintptr_t p = block_new(kind, bytes);
+    cr_assert_eq(p, plain, "precondition: a released block of that size serves it again");
+    set(p, bytes);
+    block_free(kind, p);
+    sleep_ms(50); /* its fence has passed */
+    return block_new(kind, bytes);
+}
+
+static CUmemLocation location(CUmemLocationType type)
+{
+    return (CUmemLocation){.type = type, .id = 0};
+}
+
+static int range_int(uintptr_t p, size_t bytes, CUmem_range_attribute attr)
+{
+    int v = 7;
+    CU_OK(cuMemRangeGetAttribute(&v, sizeof v, attr, (CUdeviceptr)p, bytes));
+    return v;
+}
+
+static void advise(uintptr_t p, size_t bytes)
+{
+    CU_OK(cuMemAdvise((CUdeviceptr)p, bytes, CU_MEM_ADVISE_SET_READ_MOSTLY,
+                      location(CU_MEM_LOCATION_TYPE_DEVICE)));
+    CU_OK(cuMemAdvise((CUdeviceptr)p, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                      location(CU_MEM_LOCATION_TYPE_HOST)));
+    CU_OK(cuMemAdvise((CUdeviceptr)p, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY,
+                      location(CU_MEM_LOCATION_TYPE_DEVICE)));
+    cr_assert_eq(range_int(p, bytes, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 1);
+}
+
+Test(scenarios, advice_stays_with_the_released_block, .timeout = 10)
+{
+    uintptr_t q = allocated_after(TESTDRV_MANAGED, 2 * MIB, advise);
+    cr_expect_eq(range_int(q, 2 * MIB, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0);
+    cr_expect_eq(range_int(q, 2 * MIB, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION),
+                 CU_DEVICE_INVALID);
+    cr_expect_eq(range_int(q, 2 * MIB, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY), CU_DEVICE_INVALID);
+}
+
+/* Advice on a page inside the block: cudefer asks the driver where the
+ * block starts. */
+static void advise_inside(uintptr_t p, size_t bytes)
+{
+    (void)bytes;
+    CU_OK(cuMemAdvise((CUdeviceptr)p + 4096, 4096, CU_MEM_ADVISE_SET_READ_MOSTLY,
+                      location(CU_MEM_LOCATION_TYPE_DEVICE)));
+}
+
+Test(scenarios, advice_inside_a_block_stays_with_it, .timeout = 10)
+{
+    uintptr_t q = allocated_after(TESTDRV_MANAGED, MIB, advise_inside);
+    cr_expect_eq(range_int(q, MIB, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0);
+}
+
+static void prefetch(uintptr_t p, size_t bytes)
+{
+    CU_OK(cuMemPrefetchAsync((CUdeviceptr)p, bytes, location(CU_MEM_LOCATION_TYPE_DEVICE), 0,
+                             NULL));
+    CU_OK(cuStreamSynchronize(NULL));
+    cr_assert_eq(range_int(p, bytes, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION), 0);
+}
+
+Test(scenarios, prefetch_location_stays_with_the_released_block, .timeout = 10)
+{
+    uintptr_t q = allocated_after(TESTDRV_MANAGED, 2 * MIB, prefetch);
+    cr_expect_eq(range_int(q, 2 * MIB, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION),
+                 CU_DEVICE_INVALID);
+}
+
+static void attach_to_host(uintptr_t p, size_t bytes)
+{
+    (void)bytes;
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    CU_OK(cuStreamAttachMemAsync(s, (CUdeviceptr)p, 0, CU_MEM_ATTACH_HOST));
+    CU_OK(cuStreamSynchronize(s));
+    cr_assert_eq(testdrv_managed_attachment((CUdeviceptr)p), CU_MEM_ATTACH_HOST);
+}
+
+Test(scenarios, stream_attachment_stays_with_the_released_block, .timeout = 10)
+{
+    uintptr_t q = allocated_after(TESTDRV_MANAGED, 2 * MIB, attach_to_host);
+    cr_expect_eq(testdrv_managed_attachment((CUdeviceptr)q), CU_MEM_ATTACH_GLOBAL);
+}
+
+static unsigned sync_memops(uintptr_t p)
+{
+    unsigned v = 7;
+    CU_OK(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)p));
+    return v;
+}
+
+/* Through a pointer inside the block, as the driver allows. */
+static void set_sync_memops(uintptr_t p, size_t bytes)
+{
+    const int one = 1;
+    CU_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                                (CUdeviceptr)p + bytes / 2));
+    cr_assert_eq(sync_memops(p), 1);
+}
+
+Test(scenarios, sync_memops_stays_with_the_released_device_block, .timeout = 10)
+{
+    cr_expect_eq(sync_memops(allocated_after(TESTDRV_DEVICE, MIB, set_sync_memops)), 0);
+}
+
+Test(scenarios, sync_memops_stays_with_the_released_pinned_block, .timeout = 10)
+{
+    cr_expect_eq(sync_memops(allocated_after(TESTDRV_HOST, MIB, set_sync_memops)), 0);
+}
+
 /* ==== 16.2 Every way an object ends ========================================== */
 
 /* A block the program freed itself, stream-ordered: the driver's answer to

@@ -900,7 +900,7 @@ EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr d
         return cd_missing(CD_W_cuIpcGetMemHandle);
     CUresult rc = real(pHandle, dptr);
     if (rc == CUDA_SUCCESS)
-        cd_ipc_exported(dptr);
+        cd_block_altered(dptr, 0);
     return rc;
 }
 
@@ -928,6 +928,173 @@ EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
 {
     return ipc_open(pdptr, handle, Flags, REAL(cuIpcOpenMemHandle_v2),
                     CD_W_cuIpcOpenMemHandle_v2);
+}
+
+/* ---- state the program sets on a block ------------------------------------- */
+
+/* Advice, a prefetch, a stream attachment or a pointer attribute: the
+ * driver's call; once it succeeded, the blocks it touched never serve
+ * another allocation (cd_block_altered: the driver's new allocation carries
+ * none of it). Neither the driver's call nor cudefer's part waits. */
+static CUresult altered(CUresult rc, CUdeviceptr ptr, size_t bytes)
+{
+    if (rc == CUDA_SUCCESS)
+        cd_block_altered(ptr, bytes);
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                                    CUdevice device)
+{
+    __typeof__(&cuMemAdvise) real = REAL(cuMemAdvise);
+    if (!real)
+        return cd_missing(CD_W_cuMemAdvise);
+    return altered(real(devPtr, count, advice, device), devPtr, count);
+}
+
+EXPORT CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                                       CUmemLocation location)
+{
+    __typeof__(&cuMemAdvise_v2) real = REAL(cuMemAdvise_v2);
+    if (!real)
+        return cd_missing(CD_W_cuMemAdvise_v2);
+    return altered(real(devPtr, count, advice, location), devPtr, count);
+}
+
+static CUresult prefetch_v1(CUdeviceptr ptr, size_t count, CUdevice dev, CUstream s,
+                            __typeof__(&cuMemPrefetchAsync) real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    return altered(real(ptr, count, dev, s), ptr, count);
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                           CUstream hStream)
+{
+    return prefetch_v1(devPtr, count, dstDevice, hStream, REAL(cuMemPrefetchAsync),
+                       CD_W_cuMemPrefetchAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count,
+                                                CUdevice dstDevice, CUstream hStream)
+{
+    return prefetch_v1(devPtr, count, dstDevice, hStream, REAL(cuMemPrefetchAsync_ptsz),
+                       CD_W_cuMemPrefetchAsync_ptsz);
+}
+
+static CUresult prefetch_v2(CUdeviceptr ptr, size_t count, CUmemLocation loc, unsigned flags,
+                            CUstream s, __typeof__(&cuMemPrefetchAsync_v2) real,
+                            enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    return altered(real(ptr, count, loc, flags, s), ptr, count);
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count,
+                                              CUmemLocation location, unsigned int flags,
+                                              CUstream hStream)
+{
+    return prefetch_v2(devPtr, count, location, flags, hStream, REAL(cuMemPrefetchAsync_v2),
+                       CD_W_cuMemPrefetchAsync_v2);
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count,
+                                                   CUmemLocation location, unsigned int flags,
+                                                   CUstream hStream)
+{
+    return prefetch_v2(devPtr, count, location, flags, hStream,
+                       REAL(cuMemPrefetchAsync_v2_ptsz), CD_W_cuMemPrefetchAsync_v2_ptsz);
+}
+
+/* cuMemPrefetchBatchAsync and cuMemDiscardAndPrefetchBatchAsync, and their
+ * _ptsz forms: one prototype. */
+static CUresult prefetch_batch(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                               CUmemLocation *locs, size_t *loc_idxs, size_t nlocs,
+                               unsigned long long flags, CUstream s,
+                               __typeof__(&cuMemPrefetchBatchAsync) real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    CUresult rc = real(dptrs, sizes, count, locs, loc_idxs, nlocs, flags, s);
+    for (size_t i = 0; rc == CUDA_SUCCESS && dptrs && sizes && i < count; i++)
+        cd_block_altered(dptrs[i], sizes[i]);
+    return rc;
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count,
+                                                CUmemLocation *prefetchLocs,
+                                                size_t *prefetchLocIdxs, size_t numPrefetchLocs,
+                                                unsigned long long flags, CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, hStream, REAL(cuMemPrefetchBatchAsync),
+                          CD_W_cuMemPrefetchBatchAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr *dptrs, size_t *sizes,
+                                                     size_t count, CUmemLocation *prefetchLocs,
+                                                     size_t *prefetchLocIdxs,
+                                                     size_t numPrefetchLocs,
+                                                     unsigned long long flags, CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, hStream, REAL(cuMemPrefetchBatchAsync_ptsz),
+                          CD_W_cuMemPrefetchBatchAsync_ptsz);
+}
+
+EXPORT CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes,
+                                                          size_t count,
+                                                          CUmemLocation *prefetchLocs,
+                                                          size_t *prefetchLocIdxs,
+                                                          size_t numPrefetchLocs,
+                                                          unsigned long long flags,
+                                                          CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, hStream, REAL(cuMemDiscardAndPrefetchBatchAsync),
+                          CD_W_cuMemDiscardAndPrefetchBatchAsync);
+}
+
+EXPORT CUresult CUDAAPI cuMemDiscardAndPrefetchBatchAsync_ptsz(
+    CUdeviceptr *dptrs, size_t *sizes, size_t count, CUmemLocation *prefetchLocs,
+    size_t *prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
+{
+    return prefetch_batch(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs,
+                          flags, hStream, REAL(cuMemDiscardAndPrefetchBatchAsync_ptsz),
+                          CD_W_cuMemDiscardAndPrefetchBatchAsync_ptsz);
+}
+
+static CUresult attach(CUstream s, CUdeviceptr ptr, size_t length, unsigned flags,
+                       __typeof__(&cuStreamAttachMemAsync) real, enum cd_wrapped w)
+{
+    if (!real)
+        return cd_missing(w);
+    return altered(real(s, ptr, length, flags), ptr, length);
+}
+
+EXPORT CUresult CUDAAPI cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length,
+                                               unsigned int flags)
+{
+    return attach(hStream, dptr, length, flags, REAL(cuStreamAttachMemAsync),
+                  CD_W_cuStreamAttachMemAsync);
+}
+
+EXPORT CUresult CUDAAPI cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dptr,
+                                                    size_t length, unsigned int flags)
+{
+    return attach(hStream, dptr, length, flags, REAL(cuStreamAttachMemAsync_ptsz),
+                  CD_W_cuStreamAttachMemAsync_ptsz);
+}
+
+EXPORT CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute attribute,
+                                              CUdeviceptr ptr)
+{
+    __typeof__(&cuPointerSetAttribute) real = REAL(cuPointerSetAttribute);
+    if (!real)
+        return cd_missing(CD_W_cuPointerSetAttribute);
+    return altered(real(value, attribute, ptr), ptr, 0);
 }
 
 EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)

@@ -326,7 +326,7 @@ void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
     pthread_mutex_lock(&c->lock);
     account(c, r, +1);
     cd_list_append(&c->deferred, &r->age);
-    if (cd_backend((enum cd_kind)r->kind)->reusable && !r->exported)
+    if (cd_backend((enum cd_kind)r->kind)->reusable && !r->no_reuse)
         bin_add(c, r);
     pthread_mutex_unlock(&c->lock);
 }

@@ -88,9 +88,17 @@ CUresult cd_unregister_answer(void *ptr, CUresult rc);
 bool cd_free_async(CUdeviceptr ptr, CUresult *rc);
 void cd_free_async_done(CUdeviceptr ptr);
 
-/* cuIpcGetMemHandle succeeded for ptr: its block never serves another
- * allocation (another process may map it); its release is a fenced free. */
-void cd_ipc_exported(CUdeviceptr ptr);
+/* The program made the blocks holding [ptr, ptr + bytes) differ from a new
+ * allocation of the driver's in a way a reuse would hand on (bytes 0: the
+ * block holding ptr): it exported one through IPC (another process may map
+ * it), or set advice, a prefetch location, a stream attachment or a pointer
+ * attribute on it, which the driver answers as unset for a new allocation
+ * at the same address (measured: DESIGN.md, section 1.4). Each such block
+ * cudefer tracks never serves another allocation: once released it goes
+ * back to the driver, fenced. Where ptr is not the start of a block cudefer
+ * tracks, asks the driver where the allocation holding it starts. Does not
+ * wait. */
+void cd_block_altered(CUdeviceptr ptr, size_t bytes);
 
 /* cuMemGetInfo succeeded with *free bytes free of total: adds the device
  * memory the program released in contexts of the current context's device

@@ -183,29 +183,33 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     return res;
 }
 
-/* The state of the record of (cls, key), or -1; with mark_exported, a LIVE
- * one is marked exported. */
-static int peek(enum cd_kind cls, uintptr_t key, bool mark_exported)
+/* The state of the record of (cls, key), or -1; with bar_reuse, a LIVE one
+ * is marked no_reuse and *bytes is its size. */
+static int peek(enum cd_kind cls, uintptr_t key, bool bar_reuse, size_t *bytes)
 {
     uint64_t h = hash(cls, key);
     struct shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     struct cd_record *r = s->bucket ? *find(s, h, cls, key) : NULL;
     int state = r ? r->state : -1;
-    if (r && mark_exported && state == CD_LIVE)
-        r->exported = true;
+    if (r && bar_reuse && state == CD_LIVE) {
+        r->no_reuse = true;
+        *bytes = r->bytes;
+    }
     pthread_mutex_unlock(&s->lock);
     return state;
 }
 
 bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key)
 {
-    return peek(cls, key, false) == CD_RETIRED;
+    return peek(cls, key, false, NULL) == CD_RETIRED;
 }
 
-bool cd_registry_export(enum cd_kind cls, uintptr_t key)
+size_t cd_registry_bar_reuse(enum cd_kind cls, uintptr_t key)
 {
-    return peek(cls, key, true) == CD_LIVE;
+    size_t bytes = 0;
+    peek(cls, key, true, &bytes);
+    return bytes;
 }
 
 void cd_registry_move(struct cd_record *r, struct cd_ctx *ctx, unsigned gen)

@@ -52,7 +52,9 @@ struct cd_record {
     uint8_t state;               /* enum cd_record_state, under the shard lock */
     bool linked;                 /* in the registry, under the shard lock */
     bool claimed;                /* a reuse is looking at it (context lock) */
-    bool exported;               /* an IPC handle exists: never reused */
+    bool no_reuse;               /* never serves another allocation: an IPC
+                                    handle exists, or the program set state
+                                    on it (cd_block_altered) */
     bool pending;                /* a registration whose range is pending (books.c) */
     bool kept;                   /* a flush leaves it for reuse (books.c, context lock) */
 };
@@ -84,9 +86,9 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
 /* Whether the record of class cls and key is RETIRED. */
 bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key);
 
-/* Marks a LIVE record of class cls and key as exported through IPC;
- * false when there is none. */
-bool cd_registry_export(enum cd_kind cls, uintptr_t key);
+/* Marks the LIVE record of class cls and key never to serve another
+ * allocation (no_reuse); returns its size, or 0 when there is none. */
+size_t cd_registry_bar_reuse(enum cd_kind cls, uintptr_t key);
 
 /* Puts a RETIRED record back to LIVE (it serves an allocation again). */
 void cd_registry_unretire(struct cd_record *r);

@@ -259,7 +259,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_kind_name((enum cd_kind)r->kind),
            (unsigned long)r->key, fenced ? "" : " (a capture is live: fenced when it ends)");
     bool free_now = b->stream_ordered && fenced &&
-                    (r->exported || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
+                    (r->no_reuse || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
     /* Not before the other contexts' records have passed (fence.h): until
      * then it waits on the books, and the waiter frees it (cd_retire_evict). */
     if (free_now && cd_gate_enter()) {
@@ -549,10 +549,43 @@ void cd_free_async_done(CUdeviceptr ptr)
         cd_books_forgotten(cd_registry_forget(CD_DEVICE, (uintptr_t)ptr, &was), &was);
 }
 
-void cd_ipc_exported(CUdeviceptr ptr)
+/* Marks the LIVE block that starts at key, of any reusable kind; its size,
+ * or 0 when cudefer tracks none there. */
+static size_t bar_reuse(uintptr_t key)
 {
-    if (ptr && cd_engine_on())
-        cd_registry_export(CD_DEVICE, (uintptr_t)ptr);
+    size_t bytes = cd_registry_bar_reuse(CD_DEVICE, key); /* managed memory too */
+    return bytes ? bytes : cd_registry_bar_reuse(CD_HOST, key);
+}
+
+/* The most blocks one call marks: a range over more is the program's
+ * mistake, which the driver has already answered. */
+#define ALTERED_BLOCKS_MAX 64
+
+void cd_block_altered(CUdeviceptr ptr, size_t bytes)
+{
+    if (!ptr || !cd_engine_on())
+        return;
+    const struct cd_driver_ops *ops = cd_driver_ops();
+    uintptr_t at = (uintptr_t)ptr;
+    uintptr_t end = bytes && at + bytes > at ? at + bytes : at + 1;
+    for (int i = 0; at < end && i < ALTERED_BLOCKS_MAX; i++) {
+        size_t size = bar_reuse(at);
+        if (size) {
+            at += size;
+            continue;
+        }
+        /* Inside a block, or not one of cudefer's. */
+        uintptr_t base;
+        size_t span = 0;
+        if (!ops->pointer_get_attribute || !range_start(ops, (void *)at, &base) ||
+            ops->pointer_get_attribute(&span, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                       (CUdeviceptr)at) != CUDA_SUCCESS ||
+            base > at || base + span <= at)
+            return;
+        if (base != at)
+            bar_reuse(base);
+        at = base + span;
+    }
 }
 
 void cd_alloc_untracked(uintptr_t key)

@@ -159,6 +159,23 @@ TD_EP(cuIpcOpenMemHandle)
 TD_EP(cuIpcOpenMemHandle_v2)
 TD_EP(cuIpcCloseMemHandle)
 
+/* Advice, prefetches, attachment, SYNC_MEMOPS (advice.c) */
+TD_EP(cuMemAdvise)
+TD_EP(cuMemAdvise_v2)
+TD_EP(cuMemRangeGetAttribute)
+TD_EP(cuMemRangeGetAttributes)
+TD_EP(cuMemPrefetchAsync)
+TD_EP(cuMemPrefetchAsync_ptsz)
+TD_EP(cuMemPrefetchAsync_v2)
+TD_EP(cuMemPrefetchAsync_v2_ptsz)
+TD_EP(cuMemPrefetchBatchAsync)
+TD_EP(cuMemPrefetchBatchAsync_ptsz)
+TD_EP(cuMemDiscardAndPrefetchBatchAsync)
+TD_EP(cuMemDiscardAndPrefetchBatchAsync_ptsz)
+TD_EP(cuStreamAttachMemAsync)
+TD_EP(cuStreamAttachMemAsync_ptsz)
+TD_EP(cuPointerSetAttribute)
+
 /* Stream-ordered memory, pools, VMM (pools.c) */
 TD_EP(cuMemAllocAsync)
 TD_EP(cuMemAllocAsync_ptsz)

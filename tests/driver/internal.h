@@ -300,6 +300,15 @@ struct td_alloc {
     bool torn;                 /* its context died while a release waited */
     bool linked;               /* in the live registry */
     uint64_t id;
+    /* What the program set on it since (advice.c); a new allocation has
+     * none of it. */
+    bool read_mostly;          /* cuMemAdvise */
+    bool sync_memops;          /* cuPointerSetAttribute */
+    bool attached;             /* managed: cuStreamAttachMemAsync made, with attach */
+    unsigned attach;           /* its CU_MEM_ATTACH_* flags */
+    int preferred;             /* a device, CU_DEVICE_CPU or CU_DEVICE_INVALID */
+    int accessed_by;           /* the last device set, or CU_DEVICE_INVALID */
+    int last_prefetch;         /* a device, CU_DEVICE_CPU or CU_DEVICE_INVALID */
     /* Opened by cuIpcOpenMemHandle_v2: another process's memory, mapped
      * here (no capacity of this process); cuIpcCloseMemHandle unmaps it
      * when its opens are all closed. */

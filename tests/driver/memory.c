@@ -178,6 +178,7 @@ struct td_alloc *td_alloc_add(uintptr_t base, size_t size, size_t span,
     a->cap = cap;
     a->ctx = ctx;
     a->id = td.next_id++;
+    a->preferred = a->accessed_by = a->last_prefetch = CU_DEVICE_INVALID;
     a->linked = true;
     if (kind != TESTDRV_DEVICE) /* device addresses are never handed out again */
         graveyard_forget(base, span);
@@ -824,6 +825,9 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attr, struct t
     case CU_POINTER_ATTRIBUTE_MAPPED:
         *(unsigned *)data = 1;
         return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: /* 4 bytes written (measured) */
+        *(unsigned *)data = a->sync_memops;
+        return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
         *(CUmemoryPool *)data = (CUmemoryPool)a->pool;
         return CUDA_SUCCESS;
@@ -860,6 +864,7 @@ static CUresult pointer_default(void *data, CUpointer_attribute attr)
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
         *(unsigned *)data = 0;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:

@@ -2318,3 +2318,120 @@ Test(memops, write_value_to_freed_memory_faults, .timeout = 10)
     cr_expect_eq(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
     cr_expect_gt(testdrv_faults(), 0);
 }
+
+/* ---- what a program sets on an allocation (advice.c) ---------------------- */
+
+static int range_int(CUdeviceptr p, size_t bytes, CUmem_range_attribute attr)
+{
+    int v = 7;
+    CU_OK(cuMemRangeGetAttribute(&v, sizeof v, attr, p, bytes));
+    return v;
+}
+
+static unsigned sync_memops(CUdeviceptr p)
+{
+    unsigned v = 7;
+    CU_OK(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+    return v;
+}
+
+/* Measured on the H200 (tests/gpu/inherit.c, run 111): what the queries
+ * answer once set, and that a new allocation answers as if nothing had
+ * been set, at the address of the freed one too. */
+Test(advice, set_then_gone_with_the_allocation, .timeout = 10)
+{
+    ctx_setup();
+    const size_t n = 2u << 20;
+    CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    CUdeviceptr p, q, d, e;
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuMemAllocManaged(&p, n, CU_MEM_ATTACH_GLOBAL));
+    cr_assert_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0);
+    cr_assert_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION),
+                 CU_DEVICE_INVALID);
+    CU_OK(cuMemAdvise(p, n, CU_MEM_ADVISE_SET_READ_MOSTLY, dev));
+    CU_OK(cuMemAdvise(p, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host));
+    CU_OK(cuMemAdvise(p, n, CU_MEM_ADVISE_SET_ACCESSED_BY, dev));
+    CU_OK(cuMemPrefetchAsync(p, n, dev, 0, s));
+    CU_OK(cuStreamAttachMemAsync(s, p, 0, CU_MEM_ATTACH_HOST));
+    CU_OK(cuStreamSynchronize(s));
+    const int one = 1;
+    CU_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + 64));
+    cr_expect_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 1);
+    cr_expect_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), CU_DEVICE_CPU);
+    cr_expect_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY), 0);
+    cr_expect_eq(range_int(p, n, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION), 0);
+    cr_expect_eq(testdrv_managed_attachment(p), CU_MEM_ATTACH_HOST);
+    cr_expect_eq(sync_memops(p), 1);
+    CU_OK(cuMemFree(p));
+    CU_OK(cuMemAllocManaged(&q, n, CU_MEM_ATTACH_GLOBAL));
+    cr_expect_eq(range_int(q, n, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0);
+    cr_expect_eq(range_int(q, n, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), CU_DEVICE_INVALID);
+    cr_expect_eq(range_int(q, n, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY), CU_DEVICE_INVALID);
+    cr_expect_eq(range_int(q, n, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION),
+                 CU_DEVICE_INVALID);
+    cr_expect_eq(testdrv_managed_attachment(q), CU_MEM_ATTACH_GLOBAL);
+    cr_expect_eq(sync_memops(q), 0);
+
+    CU_OK(cuMemAlloc(&d, n));
+    CU_OK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d));
+    cr_expect_eq(sync_memops(d), 1);
+    CU_OK(cuMemFree(d));
+    CU_OK(cuMemAlloc(&e, n));
+    cr_expect_eq(sync_memops(e), 0);
+}
+
+Test(advice, bad_input, .timeout = 10)
+{
+    ctx_setup();
+    CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    CUmemLocation nowhere = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 99};
+    CUdeviceptr m, d;
+    int v;
+    CUstream s;
+    CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cuMemAlloc(&d, 4096));
+    /* Device memory is not managed; a range past the allocation. */
+    cr_expect_eq(cuMemAdvise(d, 4096, CU_MEM_ADVISE_SET_READ_MOSTLY, dev), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemAdvise(m, 8192, CU_MEM_ADVISE_SET_READ_MOSTLY, dev), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemAdvise(m, 4096, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, nowhere),
+                 CUDA_ERROR_INVALID_DEVICE);
+    cr_expect_eq(cuMemPrefetchAsync(d, 4096, dev, 0, s), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemPrefetchAsync(m, 4096, dev, 1, s), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemRangeGetAttribute(&v, 2, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, m, 4096),
+                 CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuStreamAttachMemAsync(s, m + 64, 0, CU_MEM_ATTACH_HOST),
+                 CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuStreamAttachMemAsync(s, m, 100, CU_MEM_ATTACH_HOST), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuStreamAttachMemAsync(s, m, 0, 7), CUDA_ERROR_INVALID_VALUE);
+    const int one = 1;
+    cr_expect_eq(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_MAPPED, d),
+                 CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuPointerSetAttribute(NULL, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d),
+                 CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFree(d));
+    cr_expect_eq(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d),
+                 CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(advice, entry_points_resolve, .timeout = 10)
+{
+    void *h = driver_handle();
+    ctx_setup();
+    const cuuint64_t pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    cr_assert_eq(proc("cuMemAdvise", 8000, 0), dlsym(h, "cuMemAdvise"));
+    cr_assert_eq(proc("cuMemAdvise", 13000, 0), dlsym(h, "cuMemAdvise_v2"));
+    cr_assert_eq(proc("cuMemPrefetchAsync", 8000, 0), dlsym(h, "cuMemPrefetchAsync"));
+    cr_assert_eq(proc("cuMemPrefetchAsync", 13000, pt), dlsym(h, "cuMemPrefetchAsync_v2_ptsz"));
+    cr_assert_eq(proc("cuMemPrefetchBatchAsync", 13000, pt),
+                 dlsym(h, "cuMemPrefetchBatchAsync_ptsz"));
+    cr_assert_eq(proc("cuMemDiscardAndPrefetchBatchAsync", 13000, 0),
+                 dlsym(h, "cuMemDiscardAndPrefetchBatchAsync"));
+    cr_assert_eq(proc("cuStreamAttachMemAsync", 13000, pt),
+                 dlsym(h, "cuStreamAttachMemAsync_ptsz"));
+    cr_assert_eq(proc("cuPointerSetAttribute", 6000, 0), dlsym(h, "cuPointerSetAttribute"));
+    cr_assert_eq(proc("cuMemRangeGetAttributes", 8000, 0), dlsym(h, "cuMemRangeGetAttributes"));
+}

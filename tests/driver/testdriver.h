@@ -248,6 +248,12 @@ size_t testdrv_live_bytes(enum testdrv_kind kind);
  * bytes a context, shim/engine/fence.h) from the program's blocks. */
 size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes);
 
+/* The stream attachment of the managed allocation starting at ptr: its
+ * CU_MEM_ATTACH_* flags (those of cuStreamAttachMemAsync once made, else
+ * the allocation's), or -1 when there is none there. The real driver has
+ * no query of it. */
+int testdrv_managed_attachment(CUdeviceptr ptr);
+
 /* Device bytes freed with cuMemFreeAsync (or by a pool) whose stream has
  * passed the free but that no host synchronisation has covered yet: still
  * counted against capacity, as on the real driver. */

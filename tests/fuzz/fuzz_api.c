@@ -18,6 +18,8 @@
  * graph, GLOBAL ones around a launch) and captures the program invalidates,
  * cuCtxSynchronize[_v2], cudefer_flush, cuMemGetInfo[_v2] (never above the
  * current device's capacity less what the program holds live there),
+ * advice, prefetches, stream attachment and SYNC_MEMOPS set on live
+ * blocks, inside them and on pointers that name none,
  * allocations of every kind the shim tracks, and releases of every kind -
  * of live objects, double releases, pointers inside allocations, pointers
  * of the wrong kind, bogus and NULL pointers, objects of destroyed contexts.
@@ -42,7 +44,9 @@
  *    make it fail. As in the test driver, pinned host memory is one
  *    capacity and each device's memory another: an object counts against
  *    the device of the context it was allocated in;
- *  - an address handed out is never one that is live already.
+ *  - an address handed out is never one that is live already, and a new
+ *    device, pinned or managed block carries nothing the program set on a
+ *    block it released (SYNC_MEMOPS, advice, a prefetch location).
  * Checked at the end of every input:
  *  - after cudefer_flush, the driver's live count of every kind is what
  *    the program holds live (so every release was really done), and no
@@ -333,6 +337,25 @@ static void add_obj(enum mkind kind, uintptr_t key, size_t bytes, int ctx, bool 
     TRACE("  new %s %#lx bytes %zu ctx %d", kind_names[kind], (unsigned long)key, bytes, ctx);
     if (ctx >= 0)
         ctxs[ctx].known = true;
+    if (kind != K_DEVICE && kind != K_MANAGED && kind != K_HOST)
+        return;
+    /* Nothing the program set on a block it released comes with a new one
+     * (op_alter sets it; the shim's reuse must not hand it on). */
+    unsigned sync = 9;
+    CUresult rc = cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)key);
+    if (rc != CUDA_SUCCESS || sync)
+        FAIL("new %s block %#lx answers SYNC_MEMOPS %u (%d), not 0", kind_names[kind],
+             (unsigned long)key, sync, (int)rc);
+    static const CUmem_range_attribute attrs[] = {CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
+                                                  CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+                                                  CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
+    for (size_t i = 0; kind == K_MANAGED && i < sizeof attrs / sizeof attrs[0]; i++) {
+        int v = 7, want = i == 0 ? 0 : CU_DEVICE_INVALID;
+        rc = cuMemRangeGetAttribute(&v, sizeof v, attrs[i], (CUdeviceptr)key, bytes);
+        if (rc != CUDA_SUCCESS || v != want)
+            FAIL("new managed block %#lx answers range attribute %d = %d (%d), not %d",
+                 (unsigned long)key, (int)attrs[i], v, (int)rc, want);
+    }
 }
 
 /* ---- invariants after every operation ----------------------------------- */
@@ -1619,6 +1642,59 @@ static void op_release(struct input *in)
          before ? kind_names[before->kind] : "none", before ? (int)state : -1);
 }
 
+/* ---- state set on blocks ------------------------------------------------------ */
+
+/* Advice, a prefetch, a stream attachment or SYNC_MEMOPS set on a live
+ * block, inside one, or on a pointer that names none (NULL, bogus, freed).
+ * The driver answers bad input; none of the calls may wait. A live block's
+ * SYNC_MEMOPS must be set; what was set must not reach a later allocation
+ * (add_obj). */
+static void op_alter(struct input *in)
+{
+    unsigned t = u8(in), v = u8(in), how = u8(in) % 5;
+    struct mobj *target = nobjs ? &objs[t % nobjs] : NULL;
+    uintptr_t key = v % 8 == 5 ? (target ? target->key + 16 : 16)
+                    : v % 8 == 6 ? (uintptr_t)0x10000 + t * 64
+                    : v % 8 == 7 ? 0
+                                 : (target ? target->key : 0);
+    size_t bytes = target && key == target->key ? target->bytes : 64;
+    struct mobj *live = live_at(key);
+    if (key && (!live || live->ctx < 0 || !ctxs[live->ctx].alive))
+        touched_dead = true; /* the driver may count it as naming a dead context */
+    CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    static const char *const names[5] = {"cuPointerSetAttribute", "cuMemAdvise",
+                                         "cuMemPrefetchAsync", "cuStreamAttachMemAsync",
+                                         "cuMemPrefetchBatchAsync"};
+    /* Stream-ordered ones on a stream of the program's that is not
+     * capturing, else not at all. */
+    CUstream s = NULL;
+    for (int i = 0; i < nstreams && !s; i++)
+        if (streams[i].alive && !streams[i].capturing && streams[i].ctx >= 0 &&
+            ctxs[streams[i].ctx].alive)
+            s = streams[i].h;
+    if ((how == 2 || how == 3 || how == 4) && !s)
+        how = 0;
+    const int one = 1;
+    CUdeviceptr d = (CUdeviceptr)key;
+    size_t idx = 0;
+    struct nowait m = {0};
+    nowait_begin(&m, names[how]);
+    CUresult rc;
+    switch (how) {
+    case 0: rc = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d); break;
+    case 1: rc = cuMemAdvise(d, bytes, CU_MEM_ADVISE_SET_READ_MOSTLY, dev); break;
+    case 2: rc = cuMemPrefetchAsync(d, bytes, dev, 0, s); break;
+    case 3: rc = cuStreamAttachMemAsync(s, d, 0, CU_MEM_ATTACH_HOST); break;
+    default: rc = cuMemPrefetchBatchAsync(&d, &bytes, 1, &dev, &idx, 1, 0, s); break;
+    }
+    nowait_end(&m, true);
+    TRACE("  %s(%#lx, %zu) -> %d", names[how], (unsigned long)key, bytes, (int)rc);
+    if (how == 0 && live && (live->kind == K_DEVICE || live->kind == K_MANAGED ||
+                             live->kind == K_HOST) && rc != CUDA_SUCCESS)
+        FAIL("cuPointerSetAttribute(SYNC_MEMOPS) of live %s block %#lx returned %d",
+             kind_names[live->kind], (unsigned long)key, (int)rc);
+}
+
 /* ---- green contexts -------------------------------------------------------- */
 
 typedef CUresult (*get_resource_fn)(CUdevice, CUdevResource *, CUdevResourceType);
@@ -1936,7 +2012,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {"context destroy", op_ctx_destroy}, {"set current", op_ctx_set},
         {"push/pop", op_ctx_push_pop}, {"primary", op_primary},
         {"capture", op_capture},     {"green", op_green},
-        {"cuMemGetInfo", op_meminfo},
+        {"cuMemGetInfo", op_meminfo}, {"set state", op_alter},
     };
     for (op_index = 0; in.n && op_index < 64; op_index++) {
         unsigned b = u8(&in) % (sizeof ops / sizeof ops[0]);

@@ -158,7 +158,7 @@ SUMMARY_OF_CHECK = {"doors": ("doors",), "stall": ("stall",), "hazards": ("hazar
                     "oom-concurrent": ("oom-concurrent",), "capture-ptsz": ("capture-ptsz",),
                     "green": ("green",), "primary-unseen": ("primary-unseen",),
                     "sticky": ("sticky",), "quiet": ("quiet",), "libs": ("libs",),
-                    "contexts": ("contexts",)}
+                    "contexts": ("contexts",), "inherit": ("inherit",)}
 
 
 class Summary:
@@ -978,6 +978,37 @@ def report_primary_unseen(res, summary):
                                                               for v in verdicts))
 
 
+INHERIT_CASES = (("advise", "managed"), ("prefetch", "managed"), ("attach", "managed"),
+                 ("syncmemops", "device"), ("syncmemops", "host"))
+
+
+def report_inherit(res, summary):
+    rows, verdicts = [], []
+    for variant, kind in INHERIT_CASES:
+        n = res.one("inherit", mode="none", variant=variant, kind=kind)
+        s = res.one("inherit", mode="shim", variant=variant, kind=kind)
+        run = res.run_status("inherit", "shim", variant)
+        problems = []
+        if s and n:
+            problems = ["%s %s (driver: %s)" % (k, s.get(k), n.get(k))
+                        for k in ("set_rc", "before", "after") if s.get(k) != n.get(k)]
+        elif s:
+            problems = ["no run without the shim"]
+        v = verdict_of(problems, s, run)
+        verdicts.append(v)
+        for mode, r in (("none", n), ("shim", s)):
+            r = r or {}
+            rows.append(("%s (%s)" % (variant, kind), MODE_TITLES[mode], r.get("set_rc", "-"),
+                         r.get("before", "-"), r.get("after", "-"), r.get("same_address", "-"),
+                         v if mode == "shim" else "recorded"))
+    table("inherit: a block allocated after a release carries nothing set on the released one",
+          ("case", "mode", "set", "before the release", "the new block", "same address",
+           "verdict"), rows)
+    add_verdicts(summary, "inherit", verdicts,
+                 "%d/%d cases answered as the driver" % (
+                     sum(v in ("ok", "simulated") for v in verdicts), len(verdicts)))
+
+
 def report_sticky(res, summary):
     n = res.one("sticky", mode="none")
 
@@ -1207,8 +1238,8 @@ def main():
                  report_deadlock, report_oom, report_conform, report_capture,
                  report_registered, report_hidden_wait, report_teardown_race,
                  report_oom_concurrent, report_capture_ptsz, report_green,
-                 report_primary_unseen, report_sticky, report_contexts, report_quiet,
-                 report_libs):
+                 report_primary_unseen, report_inherit, report_sticky, report_contexts,
+                 report_quiet, report_libs):
         try:
             step(res, summary)
         except Exception as e:  # one broken table must not hide the others
