@@ -379,12 +379,13 @@ check_primary_unseen() {
 }
 
 # A block allocated after a release must carry nothing the program set on
-# the released block (advice, a prefetch, a stream attachment, SYNC_MEMOPS):
+# the released block (advice, a prefetch, a stream attachment, SYNC_MEMOPS;
+# and a dma-buf export passes through):
 # tests/gpu/inherit.c, one process a variant.
 check_inherit() {
     say "== 18. inherit"
     local v
-    for v in advise prefetch attach syncmemops; do
+    for v in advise prefetch attach syncmemops dmabuf; do
         run_both inherit "$v" 20 -- "$BIN/inherit" "$v"
     done
 }

@@ -67,7 +67,8 @@
  *    cuKernelGetFunction, and the calls that set state on a block
  *    (cuMemAdvise*, cuMemPrefetchAsync*, cuMemPrefetchBatchAsync*,
  *    cuMemDiscardAndPrefetchBatchAsync*, cuStreamAttachMemAsync*,
- *    cuPointerSetAttribute: the alter operation); a primary release and a green destruction wait
+ *    cuPointerSetAttribute, and the dma-buf export
+ *    cuMemGetHandleForAddressRange: the alter operation); a primary release and a green destruction wait
  *    for the engine's walks of the primary context, among them another
  *    thread's flush, which may wait for the GPU (DESIGN.md, section 3):
  *    they are not judged for polling while another thread's call that may
@@ -115,7 +116,8 @@
  * Whose memory an allocation hands back: a new device, pinned or managed
  * block answers every query as the driver's new allocation does, whatever
  * the program set on blocks it released ('fresh': SYNC_MEMOPS 0, no
- * advice, no prefetch location, attached globally; check_fresh).
+ * advice, no prefetch location, attached globally, no dma-buf exported;
+ * check_fresh).
  *
  * The program is correct, as in tests/race.c: it never uses an object after
  * releasing it; every thread uses the RELAXED capture mode and ends a
@@ -205,6 +207,7 @@ static const struct rule_row {
     {"cuMemAllocHost", R_ALLOC}, {"cuMemAllocHost_v2", R_ALLOC},
     {"cuMemAllocManaged", R_ALLOC}, {"cuMemAllocPitch", R_ALLOC},
     {"cuMemAllocPitch_v2", R_ALLOC}, {"cuMemAlloc_v2", R_ALLOC}, {"cuMemCreate", R_ALLOC},
+    {"cuMemGetHandleForAddressRange", R_NO_WAIT},
     {"cuMemFree", R_NO_WAIT}, {"cuMemFreeAsync", R_NO_WAIT}, {"cuMemFreeAsync_ptsz", R_NO_WAIT},
     {"cuMemFreeHost", R_NO_WAIT}, {"cuMemFree_v2", R_NO_WAIT},
     {"cuMemGetInfo", R_NO_WAIT}, {"cuMemGetInfo_v2", R_NO_WAIT},
@@ -983,6 +986,9 @@ static void check_fresh(struct worker *w, const struct obj *o)
     if (rc != CUDA_SUCCESS || sync != 0)
         hx_fail(&w->t, "fresh", "new %s block %#lx: SYNC_MEMOPS %u (%d), not 0",
                 kinds[o->kind].name, (unsigned long)o->h, sync, (int)rc);
+    if (testdrv_dmabuf_exported((CUdeviceptr)o->h))
+        hx_fail(&w->t, "fresh", "new %s block %#lx: a dma-buf of it was exported before",
+                kinds[o->kind].name, (unsigned long)o->h);
     if (o->kind != K_MANAGED)
         return;
     static const CUmem_range_attribute attrs[] = {
@@ -1002,7 +1008,8 @@ static void check_fresh(struct worker *w, const struct obj *o)
 }
 
 /* Sets something on a block this thread holds in the current context: one
- * of the calls that set state a reuse could hand on. None may wait. */
+ * of the calls that set state a reuse could hand on (or export a dma-buf of
+ * it, which another device may map). None may wait. */
 static void alter(struct worker *w)
 {
     struct hx_ctx *c = cur(w);
@@ -1013,14 +1020,16 @@ static void alter(struct worker *w)
     CUstream s = cur_streams(w)[1]; /* never the one a capture of this thread holds */
     CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = c->dev};
     CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
-    size_t idx = 0, bytes = o->bytes;
-    unsigned how = o->kind == K_MANAGED ? hx_below(&w->t, 12) : 0;
-    static const char *const names[12] = {
+    size_t idx = 0, bytes = o->bytes, pages = o->bytes / 4096 * 4096;
+    unsigned how = o->kind == K_MANAGED ? hx_below(&w->t, 12)
+                   : pages && o->h % 4096 == 0 && hx_below(&w->t, 2) ? 12
+                                                                    : 0;
+    static const char *const names[13] = {
         "cuPointerSetAttribute", "cuMemAdvise", "cuMemAdvise_v2", "cuMemAdvise_v2",
         "cuMemPrefetchAsync", "cuMemPrefetchAsync_ptsz", "cuMemPrefetchAsync_v2",
         "cuMemPrefetchAsync_v2_ptsz", "cuMemPrefetchBatchAsync",
         "cuMemDiscardAndPrefetchBatchAsync_ptsz", "cuStreamAttachMemAsync",
-        "cuStreamAttachMemAsync_ptsz"};
+        "cuStreamAttachMemAsync_ptsz", "cuMemGetHandleForAddressRange"};
     static const CUmem_advise advice[3] = {CU_MEM_ADVISE_SET_READ_MOSTLY,
                                            CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
                                            CU_MEM_ADVISE_SET_ACCESSED_BY};
@@ -1060,9 +1069,16 @@ static void alter(struct worker *w)
     case 10:
         rc = cuStreamAttachMemAsync(s, d, 0, CU_MEM_ATTACH_HOST);
         break;
-    default:
+    case 11:
         rc = api.attach_ptsz(s, d, 0, CU_MEM_ATTACH_SINGLE);
         break;
+    default: {
+        int fd = -1;
+        rc = cuMemGetHandleForAddressRange(&fd, d, pages, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        if (fd >= 0)
+            close(fd);
+        break;
+    }
     }
     probe_end(w, &p, rc, false);
     hx_expect(&w->t, names[how], rc, CUDA_SUCCESS);

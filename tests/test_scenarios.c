@@ -986,6 +986,33 @@ Test(scenarios, sync_memops_stays_with_the_released_pinned_block, .timeout = 10)
     cr_expect_eq(sync_memops(allocated_after(TESTDRV_HOST, MIB, set_sync_memops)), 0);
 }
 
+/* A dma-buf of a block may be mapped by another device or process (an RDMA
+ * NIC, another GPU): like an IPC handle, the block is never handed out
+ * again, device and pinned memory alike. */
+static void export_dma_buf(uintptr_t p, size_t bytes)
+{
+    int fd = -1;
+    CU_OK(cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)p, bytes,
+                                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert(testdrv_dmabuf_exported((CUdeviceptr)p));
+}
+
+Test(scenarios, dma_buf_exported_block_is_never_reused, .timeout = 10)
+{
+    uintptr_t d = allocated_after(TESTDRV_DEVICE, MIB, export_dma_buf);
+    cr_expect(!testdrv_dmabuf_exported((CUdeviceptr)d), "the exported device block was handed "
+              "out again");
+}
+
+Test(scenarios, dma_buf_exported_pinned_block_is_never_reused, .timeout = 10)
+{
+    uintptr_t h = allocated_after(TESTDRV_HOST, MIB, export_dma_buf);
+    cr_expect(!testdrv_dmabuf_exported((CUdeviceptr)h), "the exported pinned block was handed "
+              "out again");
+}
+
 /* ==== 16.2 Every way an object ends ========================================== */
 
 /* A block the program freed itself, stream-ordered: the driver's answer to

@@ -932,10 +932,11 @@ EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
 
 /* ---- state the program sets on a block ------------------------------------- */
 
-/* Advice, a prefetch, a stream attachment or a pointer attribute: the
- * driver's call; once it succeeded, the blocks it touched never serve
- * another allocation (cd_block_altered: the driver's new allocation carries
- * none of it). Neither the driver's call nor cudefer's part waits. */
+/* Advice, a prefetch, a stream attachment, a pointer attribute or a dma-buf
+ * export: the driver's call; once it succeeded, the blocks it touched never
+ * serve another allocation (cd_block_altered: the driver's new allocation
+ * carries none of it). Neither the driver's call nor cudefer's part
+ * waits. */
 static CUresult altered(CUresult rc, CUdeviceptr ptr, size_t bytes)
 {
     if (rc == CUDA_SUCCESS)
@@ -1086,6 +1087,18 @@ EXPORT CUresult CUDAAPI cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdevicept
 {
     return attach(hStream, dptr, length, flags, REAL(cuStreamAttachMemAsync_ptsz),
                   CD_W_cuStreamAttachMemAsync_ptsz);
+}
+
+/* A dma-buf of the range: another device or process may map its pages, as
+ * through IPC. */
+EXPORT CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                                      CUmemRangeHandleType handleType,
+                                                      unsigned long long flags)
+{
+    __typeof__(&cuMemGetHandleForAddressRange) real = REAL(cuMemGetHandleForAddressRange);
+    if (!real)
+        return cd_missing(CD_W_cuMemGetHandleForAddressRange);
+    return altered(real(handle, dptr, size, handleType, flags), dptr, size);
 }
 
 EXPORT CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute attribute,

@@ -2,7 +2,8 @@
  * managed-memory advice (cuMemAdvise), prefetches (cuMemPrefetchAsync and
  * the batch forms), stream attachment (cuStreamAttachMemAsync) and the
  * pointer attribute SYNC_MEMOPS (cuPointerSetAttribute), with the queries
- * that answer them (cuMemRangeGetAttribute(s), cuPointerGetAttribute).
+ * that answer them (cuMemRangeGetAttribute(s), cuPointerGetAttribute); and
+ * dma-buf exports (cuMemGetHandleForAddressRange).
  *
  * Each is kept on the allocation, so a new allocation has none of it, even
  * at the address of one just freed: measured on an H200, driver 580.159.04,
@@ -18,6 +19,9 @@
  * when the stream reaches them. None of these calls waits.
  */
 #include "internal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 /* The managed allocation holding [p, p + bytes), or NULL. */
 static struct td_alloc *managed_range(CUdeviceptr p, size_t bytes)
@@ -389,6 +393,42 @@ TD_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute 
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     a->sync_memops = *(const int *)value != 0;
     return td_leave(CUDA_SUCCESS);
+}
+
+/* ---- dma-buf export ---------------------------------------------------------- */
+
+/* A dma-buf of a page-aligned range of one device or pinned allocation: a
+ * descriptor of /dev/null stands for it (the program closes it); the
+ * allocation remembers it was exported. Does not wait. */
+TD_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                                 CUmemRangeHandleType handleType,
+                                                 unsigned long long flags)
+{
+    TD_COUNT(cuMemGetHandleForAddressRange);
+    long page = sysconf(_SC_PAGESIZE);
+    CUresult rc = td_enter_args(handle && size && handleType == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD &&
+                                (flags == 0 || flags == CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) &&
+                                dptr % (CUdeviceptr)page == 0 && size % (size_t)page == 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_alloc *a = td_alloc_covering((uintptr_t)dptr, size);
+    if (!a || (a->kind != TESTDRV_DEVICE && a->kind != TESTDRV_HOST))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return td_leave(CUDA_ERROR_OPERATING_SYSTEM);
+    *(int *)handle = fd;
+    a->dmabuf = true;
+    return td_leave(CUDA_SUCCESS);
+}
+
+TD_EXPORT int testdrv_dmabuf_exported(CUdeviceptr ptr)
+{
+    pthread_mutex_lock(&td.mu);
+    struct td_alloc *a = td_alloc_covering((uintptr_t)ptr, 0);
+    int exported = a && a->dmabuf;
+    pthread_mutex_unlock(&td.mu);
+    return exported;
 }
 
 TD_EXPORT int testdrv_managed_attachment(CUdeviceptr ptr)

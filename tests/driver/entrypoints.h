@@ -175,6 +175,7 @@ TD_EP(cuMemDiscardAndPrefetchBatchAsync_ptsz)
 TD_EP(cuStreamAttachMemAsync)
 TD_EP(cuStreamAttachMemAsync_ptsz)
 TD_EP(cuPointerSetAttribute)
+TD_EP(cuMemGetHandleForAddressRange)
 
 /* Stream-ordered memory, pools, VMM (pools.c) */
 TD_EP(cuMemAllocAsync)

@@ -309,6 +309,7 @@ struct td_alloc {
     int preferred;             /* a device, CU_DEVICE_CPU or CU_DEVICE_INVALID */
     int accessed_by;           /* the last device set, or CU_DEVICE_INVALID */
     int last_prefetch;         /* a device, CU_DEVICE_CPU or CU_DEVICE_INVALID */
+    bool dmabuf;               /* cuMemGetHandleForAddressRange gave a dma-buf of it */
     /* Opened by cuIpcOpenMemHandle_v2: another process's memory, mapped
      * here (no capacity of this process); cuIpcCloseMemHandle unmaps it
      * when its opens are all closed. */

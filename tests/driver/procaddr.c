@@ -163,6 +163,7 @@ static const struct proc_entry table[] = {
     D(cuPointerGetAttribute, 4000, cuPointerGetAttribute)
     D(cuPointerGetAttributes, 7000, cuPointerGetAttributes)
     D(cuPointerSetAttribute, 6000, cuPointerSetAttribute)
+    D(cuMemGetHandleForAddressRange, 11070, cuMemGetHandleForAddressRange)
     D(cuMemAdvise, 8000, cuMemAdvise)
     D(cuMemAdvise, 12020, cuMemAdvise_v2)
     D(cuMemRangeGetAttribute, 8000, cuMemRangeGetAttribute)

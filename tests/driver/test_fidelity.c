@@ -2435,3 +2435,41 @@ Test(advice, entry_points_resolve, .timeout = 10)
     cr_assert_eq(proc("cuPointerSetAttribute", 6000, 0), dlsym(h, "cuPointerSetAttribute"));
     cr_assert_eq(proc("cuMemRangeGetAttributes", 8000, 0), dlsym(h, "cuMemRangeGetAttributes"));
 }
+
+/* A dma-buf of a page-aligned range of one device or pinned allocation. */
+Test(advice, dma_buf_of_a_range, .timeout = 10)
+{
+    ctx_setup();
+    CUdeviceptr d, m;
+    void *h;
+    int fd = -1;
+    CU_OK(cuMemAlloc(&d, 8192));
+    CU_OK(cuMemAllocHost(&h, 8192));
+    CU_OK(cuMemAllocManaged(&m, 8192, CU_MEM_ATTACH_GLOBAL));
+    cr_expect_eq(testdrv_dmabuf_exported(d), 0);
+    CU_OK(cuMemGetHandleForAddressRange(&fd, d + 4096, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                        0));
+    cr_expect_geq(fd, 0);
+    close(fd);
+    cr_expect_eq(testdrv_dmabuf_exported(d), 1);
+    CU_OK(cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)(uintptr_t)h, 8192,
+                                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    close(fd);
+    cr_expect_eq(testdrv_dmabuf_exported((CUdeviceptr)(uintptr_t)h), 1);
+    cr_expect_eq(cuMemGetHandleForAddressRange(&fd, d + 64, 4096,
+                                               CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                 CUDA_ERROR_INVALID_VALUE, "not page-aligned");
+    cr_expect_eq(cuMemGetHandleForAddressRange(&fd, d, 3 * 4096,
+                                               CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                 CUDA_ERROR_INVALID_VALUE, "past the allocation");
+    cr_expect_eq(cuMemGetHandleForAddressRange(&fd, m, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                               0),
+                 CUDA_ERROR_INVALID_VALUE, "managed memory");
+    cr_expect_eq(cuMemGetHandleForAddressRange(NULL, d, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                               0),
+                 CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFree(d));
+    cr_expect_eq(cuMemGetHandleForAddressRange(&fd, d, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                               0),
+                 CUDA_ERROR_INVALID_VALUE, "freed memory");
+}

@@ -254,6 +254,10 @@ size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes);
  * no query of it. */
 int testdrv_managed_attachment(CUdeviceptr ptr);
 
+/* 1 when cuMemGetHandleForAddressRange gave a dma-buf of the live
+ * allocation holding ptr, else 0 (the real driver has no query of it). */
+int testdrv_dmabuf_exported(CUdeviceptr ptr);
+
 /* Device bytes freed with cuMemFreeAsync (or by a pool) whose stream has
  * passed the free but that no host synchronisation has covered yet: still
  * counted against capacity, as on the real driver. */

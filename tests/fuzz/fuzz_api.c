@@ -46,7 +46,8 @@
  *    the device of the context it was allocated in;
  *  - an address handed out is never one that is live already, and a new
  *    device, pinned or managed block carries nothing the program set on a
- *    block it released (SYNC_MEMOPS, advice, a prefetch location).
+ *    block it released (SYNC_MEMOPS, advice, a prefetch location), and no
+ *    block the program exported as a dma-buf is handed out again.
  * Checked at the end of every input:
  *  - after cudefer_flush, the driver's live count of every kind is what
  *    the program holds live (so every release was really done), and no
@@ -349,6 +350,9 @@ static void add_obj(enum mkind kind, uintptr_t key, size_t bytes, int ctx, bool 
     static const CUmem_range_attribute attrs[] = {CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
                                                   CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
                                                   CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
+    if (testdrv_dmabuf_exported((CUdeviceptr)key))
+        FAIL("new %s block %#lx was exported as a dma-buf before", kind_names[kind],
+             (unsigned long)key);
     for (size_t i = 0; kind == K_MANAGED && i < sizeof attrs / sizeof attrs[0]; i++) {
         int v = 7, want = i == 0 ? 0 : CU_DEVICE_INVALID;
         rc = cuMemRangeGetAttribute(&v, sizeof v, attrs[i], (CUdeviceptr)key, bytes);
@@ -1644,14 +1648,15 @@ static void op_release(struct input *in)
 
 /* ---- state set on blocks ------------------------------------------------------ */
 
-/* Advice, a prefetch, a stream attachment or SYNC_MEMOPS set on a live
- * block, inside one, or on a pointer that names none (NULL, bogus, freed).
+/* Advice, a prefetch, a stream attachment, SYNC_MEMOPS or a dma-buf export
+ * of a live block, inside one, or of a pointer that names none (NULL,
+ * bogus, freed).
  * The driver answers bad input; none of the calls may wait. A live block's
  * SYNC_MEMOPS must be set; what was set must not reach a later allocation
  * (add_obj). */
 static void op_alter(struct input *in)
 {
-    unsigned t = u8(in), v = u8(in), how = u8(in) % 5;
+    unsigned t = u8(in), v = u8(in), how = u8(in) % 6;
     struct mobj *target = nobjs ? &objs[t % nobjs] : NULL;
     uintptr_t key = v % 8 == 5 ? (target ? target->key + 16 : 16)
                     : v % 8 == 6 ? (uintptr_t)0x10000 + t * 64
@@ -1662,9 +1667,10 @@ static void op_alter(struct input *in)
     if (key && (!live || live->ctx < 0 || !ctxs[live->ctx].alive))
         touched_dead = true; /* the driver may count it as naming a dead context */
     CUmemLocation dev = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
-    static const char *const names[5] = {"cuPointerSetAttribute", "cuMemAdvise",
+    static const char *const names[6] = {"cuPointerSetAttribute", "cuMemAdvise",
                                          "cuMemPrefetchAsync", "cuStreamAttachMemAsync",
-                                         "cuMemPrefetchBatchAsync"};
+                                         "cuMemPrefetchBatchAsync",
+                                         "cuMemGetHandleForAddressRange"};
     /* Stream-ordered ones on a stream of the program's that is not
      * capturing, else not at all. */
     CUstream s = NULL;
@@ -1685,7 +1691,15 @@ static void op_alter(struct input *in)
     case 1: rc = cuMemAdvise(d, bytes, CU_MEM_ADVISE_SET_READ_MOSTLY, dev); break;
     case 2: rc = cuMemPrefetchAsync(d, bytes, dev, 0, s); break;
     case 3: rc = cuStreamAttachMemAsync(s, d, 0, CU_MEM_ATTACH_HOST); break;
-    default: rc = cuMemPrefetchBatchAsync(&d, &bytes, 1, &dev, &idx, 1, 0, s); break;
+    case 4: rc = cuMemPrefetchBatchAsync(&d, &bytes, 1, &dev, &idx, 1, 0, s); break;
+    default: {
+        int fd = -1;
+        rc = cuMemGetHandleForAddressRange(&fd, d, bytes / 4096 * 4096 ? bytes / 4096 * 4096 : 4096,
+                                           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        if (fd >= 0)
+            close(fd);
+        break;
+    }
     }
     nowait_end(&m, true);
     TRACE("  %s(%#lx, %zu) -> %d", names[how], (unsigned long)key, bytes, (int)rc);

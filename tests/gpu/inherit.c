@@ -23,6 +23,11 @@
  *   syncmemops  1 MiB device memory and 1 MiB of cuMemAllocHost:
  *               cuPointerSetAttribute SYNC_MEMOPS = 1; cuPointerGetAttribute
  *               SYNC_MEMOPS
+ *   dmabuf      2 MiB device memory: cuMemGetHandleForAddressRange (a
+ *               dma-buf, closed at once); the driver has no query of it, so
+ *               the new block is exported too and both codes printed (the
+ *               wrapper passes the call through; cudefer keeps an exported
+ *               block out of its reuse)
  *
  * prints, per block kind:
  *   RESULT inherit variant=<v> kind=<managed|device|host> set_rc=<code>
@@ -32,6 +37,8 @@
  * its code as the value).
  */
 #include "gpu.h"
+
+#include <unistd.h>
 
 #define MANAGED_BYTES (2 * GC_MIB)
 #define DEVICE_BYTES (1 * GC_MIB)
@@ -190,6 +197,30 @@ static void variant_sync_memops(void)
     GC_CHECK(cuMemFreeHost(g));
 }
 
+static void variant_dmabuf(void)
+{
+    char before[64], after[64];
+    CUdeviceptr p, q;
+    int fd = -1;
+    GC_CHECK(cuMemAlloc(&p, MANAGED_BYTES));
+    CUresult set = cuMemGetHandleForAddressRange(&fd, p, MANAGED_BYTES,
+                                                 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (fd >= 0)
+        close(fd);
+    snprintf(before, sizeof before, "exported:%s", gc_rc(set));
+    GC_CHECK(cuMemFree(p));
+    settle();
+    GC_CHECK(cuMemAlloc(&q, MANAGED_BYTES));
+    fd = -1;
+    CUresult again = cuMemGetHandleForAddressRange(&fd, q, MANAGED_BYTES,
+                                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (fd >= 0)
+        close(fd);
+    snprintf(after, sizeof after, "exported:%s", gc_rc(again));
+    print_result("dmabuf", "device", set, before, after, p == q);
+    GC_CHECK(cuMemFree(q));
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -200,6 +231,7 @@ int main(int argc, char **argv)
         {"prefetch", variant_prefetch},
         {"attach", variant_attach},
         {"syncmemops", variant_sync_memops},
+        {"dmabuf", variant_dmabuf},
     };
     for (size_t i = 0; argc == 2 && i < sizeof variants / sizeof variants[0]; i++) {
         if (strcmp(argv[1], variants[i].name) == 0) {
@@ -210,6 +242,6 @@ int main(int argc, char **argv)
             return 0;
         }
     }
-    gc_die("usage: inherit <advise|prefetch|attach|syncmemops>");
+    gc_die("usage: inherit <advise|prefetch|attach|syncmemops|dmabuf>");
     return 2;
 }

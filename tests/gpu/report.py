@@ -979,7 +979,7 @@ def report_primary_unseen(res, summary):
 
 
 INHERIT_CASES = (("advise", "managed"), ("prefetch", "managed"), ("attach", "managed"),
-                 ("syncmemops", "device"), ("syncmemops", "host"))
+                 ("syncmemops", "device"), ("syncmemops", "host"), ("dmabuf", "device"))
 
 
 def report_inherit(res, summary):
