@@ -5,10 +5,10 @@
  * allocation of the same kind, size and flags in the same context, once no
  * work submitted before its release can still use it: its fence has passed.
  * Then the block is the program's at once, host-visible memory included,
- * as after the driver's own allocation. Blocks exported through IPC, and
- * blocks on which the program set something a new allocation would not
- * carry (cd_block_altered), are never reused, and a 32-bit call gets only
- * a block below 4 GiB.
+ * as after the driver's own allocation. Blocks exported (through IPC or as
+ * a dma-buf), and blocks on which the program set something a new
+ * allocation would not carry (cd_block_altered), are never reused, and a
+ * 32-bit call gets only a block below 4 GiB.
  *
  * When the GPU still runs the work before the oldest such block, the
  * allocation either asks the driver for a new block or waits for that one.

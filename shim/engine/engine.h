@@ -91,9 +91,10 @@ void cd_free_async_done(CUdeviceptr ptr);
 /* The program made the blocks holding [ptr, ptr + bytes) differ from a new
  * allocation of the driver's in a way a reuse would hand on (bytes 0: the
  * block holding ptr): it exported one through IPC or as a dma-buf (another
- * process or device may map its pages), or set advice, a prefetch location, a stream attachment or a pointer
- * attribute on it, which the driver answers as unset for a new allocation
- * at the same address (measured: DESIGN.md, section 1.4). Each such block
+ * process or device may map its pages), or set advice, a prefetch
+ * location, a stream attachment or a pointer attribute on it, which the
+ * driver answers as unset for a new allocation at the same address
+ * (measured: DESIGN.md, section 1.4). Each such block
  * cudefer tracks never serves another allocation: once released it goes
  * back to the driver, fenced. Where ptr is not the start of a block cudefer
  * tracks, asks the driver where the allocation holding it starts. Does not

@@ -52,9 +52,9 @@ struct cd_record {
     uint8_t state;               /* enum cd_record_state, under the shard lock */
     bool linked;                 /* in the registry, under the shard lock */
     bool claimed;                /* a reuse is looking at it (context lock) */
-    bool no_reuse;               /* never serves another allocation: an IPC
-                                    handle exists, or the program set state
-                                    on it (cd_block_altered) */
+    bool no_reuse;               /* never serves another allocation: it was
+                                    exported (IPC, dma-buf), or the program
+                                    set state on it (cd_block_altered) */
     bool pending;                /* a registration whose range is pending (books.c) */
     bool kept;                   /* a flush leaves it for reuse (books.c, context lock) */
 };
