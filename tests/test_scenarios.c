@@ -1015,6 +1015,33 @@ Test(scenarios, dma_buf_exported_pinned_block_is_never_reused, .timeout = 10)
 
 /* ==== 16.2 Every way an object ends ========================================== */
 
+/* A context destroyed with a block live leaves cudefer a tomb at its
+ * address (a later cuMemFree of it gets the driver's answer for memory
+ * freed so). The driver may hand that address out again through a call
+ * cudefer does not see (external memory mapped with
+ * cuExternalMemoryGetMappedBuffer, a pool pointer imported with
+ * cuMemPoolImportPointer), which the program frees with cuMemFree: the
+ * driver's release, and nothing left behind. */
+Test(scenarios, free_of_an_unseen_allocation_where_a_destroyed_context_had_a_block,
+     .timeout = 10)
+{
+    test_context();
+    CUcontext gone, now;
+    CUdeviceptr d;
+    CU_OK(cuCtxCreate(&gone, NULL, 0, device0()));
+    CU_OK(cuMemAlloc(&d, MIB));
+    CU_OK(cuCtxDestroy(gone));
+    cr_assert_eq(cuMemFree(d), CUDA_ERROR_INVALID_VALUE, "precondition: the driver's answer for "
+                 "a destroyed context's block");
+    CU_OK(cuCtxCreate(&now, NULL, 0, device0()));
+    CU_OK(testdrv_map_device_at(d, MIB));
+    size_t live = program_live(TESTDRV_DEVICE);
+    cr_expect_eq(cuMemFree(d), CUDA_SUCCESS, "cuMemFree of the driver's new allocation there");
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(program_live(TESTDRV_DEVICE), live - 1, "the allocation was not released");
+    CU_OK(cuCtxDestroy(now));
+}
+
 /* A block the program freed itself, stream-ordered: the driver's answer to
  * a cuMemFree of it, and its address is not served again by cudefer. */
 Test(scenarios, block_freed_stream_ordered_is_gone, .timeout = 10)

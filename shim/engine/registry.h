@@ -9,7 +9,10 @@
  * reaches the driver (which crashes on some; a registration's TORN tomb
  * lets the driver answer: backends.c, ASK); it lasts until the driver
  * hands the same address or handle out again, or until it is the oldest of
- * too many (TOMBS_MAX in registry.c, logged once).
+ * too many (TOMBS_MAX in registry.c, logged once). The driver may hand a
+ * memory address out through a call cudefer does not see; a release of a
+ * torn block's address asks the driver first whether it knows it again
+ * (retire.c, stale_tomb).
  *
  * The registry answers the release path without asking the driver. It is
  * sharded; a shard's lock is held for a few instructions and never across a

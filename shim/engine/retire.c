@@ -379,6 +379,36 @@ static bool place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     return fence_and_place(c, r, rc);
 }
 
+/* The base of the driver's allocation holding ptr; false when the driver
+ * does not know ptr (any more). Does not wait. */
+static bool range_start(const struct cd_driver_ops *ops, void *ptr, uintptr_t *base)
+{
+    CUdeviceptr b = 0;
+    if (ops->pointer_get_attribute(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        return false;
+    *base = (uintptr_t)b;
+    return true;
+}
+
+/* A memory tomb at key (its context's destruction freed the block there)
+ * is stale when the driver has since handed the address out again through
+ * a call cudefer does not see (cuExternalMemoryGetMappedBuffer,
+ * cuMemPoolImportPointer): the driver knows key as an allocation's start.
+ * Then the tomb goes, and the release is the driver's. Does not wait. */
+static bool stale_tomb(const struct cd_driver_ops *ops, enum cd_kind cls, uintptr_t key)
+{
+    uintptr_t base;
+    if ((cls != CD_DEVICE && cls != CD_HOST) || !ops->pointer_get_attribute ||
+        !range_start(ops, (void *)key, &base) || base != key)
+        return false;
+    struct cd_forgotten was;
+    cd_books_forgotten(cd_registry_forget(cls, key, &was), &was);
+    cd_log(CD_LOG_DEBUG, "%s %#lx: the driver handed the address of a destroyed context's block "
+           "out again; its own release", cd_kind_name(cls), (unsigned long)key);
+    return true;
+}
+
 static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
 {
     if (!key || !cd_engine_on())
@@ -402,6 +432,10 @@ static bool retire(enum cd_kind cls, uintptr_t key, CUresult *rc)
          * starting there, which the driver then answers otherwise
          * (INVALID_VALUE): its own call answers. */
         *rc = cd_backend(cls)->torn_release;
+        if (*rc != CUDA_SUCCESS && stale_tomb(ops, cls, key)) {
+            atomic_fetch_add(&cd_stats.passed[cls], 1);
+            return false;
+        }
         return *rc != CUDA_SUCCESS;
     case CD_WAS_GONE:
     case CD_ALREADY_RETIRED:
@@ -500,18 +534,6 @@ void cd_retire_backlog(void)
 }
 
 /* ---- answers and other ends ------------------------------------------------------ */
-
-/* The base of the driver's allocation holding ptr; false when the driver
- * does not know ptr (any more). Does not wait. */
-static bool range_start(const struct cd_driver_ops *ops, void *ptr, uintptr_t *base)
-{
-    CUdeviceptr b = 0;
-    if (ops->pointer_get_attribute(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
-        return false;
-    *base = (uintptr_t)b;
-    return true;
-}
 
 CUresult cd_unregister_answer(void *ptr, CUresult rc)
 {

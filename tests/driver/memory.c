@@ -371,6 +371,29 @@ static CUresult alloc_new(enum testdrv_kind kind, size_t size, unsigned flags, b
     return CUDA_SUCCESS;
 }
 
+/* testdrv_map_device_at (testdriver.h): device memory at a chosen address
+ * that no live allocation covers (the caller's: one the driver handed out
+ * before), made by no call the shim wraps; freed by cuMemFree like any. */
+TD_EXPORT CUresult testdrv_map_device_at(CUdeviceptr at, size_t bytes)
+{
+    CUresult rc = td_enter_args(at && bytes);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct td_ctx *c;
+    if ((rc = td_cur_ctx_usable(&c)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    if (reg_overlap((uintptr_t)at, bytes))
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    enum td_cap cap = td_cap_dev(c->dev);
+    if (!td_cap_take(cap, bytes))
+        return td_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    graveyard_forget((uintptr_t)at, bytes);
+    struct td_alloc *a = td_alloc_add((uintptr_t)at, bytes, bytes, TESTDRV_DEVICE, cap,
+                                      td_ctx_root(c));
+    a->owned = true;
+    return td_leave(CUDA_SUCCESS);
+}
+
 /* cuMemAlloc*: device memory of the current context. */
 static CUresult mem_alloc(uintptr_t *out, size_t size, bool low)
 {

@@ -254,6 +254,14 @@ size_t testdrv_live_sized(enum testdrv_kind kind, size_t bytes);
  * no query of it. */
 int testdrv_managed_attachment(CUdeviceptr ptr);
 
+/* Device memory of bytes at address at, in the current context, made by a
+ * call the shim does not see: what the real driver does with
+ * cuExternalMemoryGetMappedBuffer or cuMemPoolImportPointer, at an address
+ * it handed out before (the test driver's own allocations never reuse a
+ * device address). The program frees it with cuMemFree. CUDA_SUCCESS, or
+ * CUDA_ERROR_INVALID_VALUE when a live allocation overlaps the range. */
+CUresult testdrv_map_device_at(CUdeviceptr at, size_t bytes);
+
 /* 1 when cuMemGetHandleForAddressRange gave a dma-buf of the live
  * allocation holding ptr, else 0 (the real driver has no query of it). */
 int testdrv_dmabuf_exported(CUdeviceptr ptr);

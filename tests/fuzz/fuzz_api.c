@@ -19,7 +19,8 @@
  * cuCtxSynchronize[_v2], cudefer_flush, cuMemGetInfo[_v2] (never above the
  * current device's capacity less what the program holds live there),
  * advice, prefetches, stream attachment and SYNC_MEMOPS set on live
- * blocks, inside them and on pointers that name none,
+ * blocks, inside them and on pointers that name none, device memory the
+ * driver maps (unseen by the shim) where a destroyed context had a block,
  * allocations of every kind the shim tracks, and releases of every kind -
  * of live objects, double releases, pointers inside allocations, pointers
  * of the wrong kind, bogus and NULL pointers, objects of destroyed contexts.
@@ -1709,6 +1710,29 @@ static void op_alter(struct input *in)
              kind_names[live->kind], (unsigned long)key, (int)rc);
 }
 
+/* The driver hands out again, through a call the shim does not see (as
+ * cuExternalMemoryGetMappedBuffer or cuMemPoolImportPointer would), the
+ * address of a device block that its context's teardown freed, in the
+ * current context: a live object of the program's, which op_release frees
+ * with cuMemFree like any (the shim's tomb there must not answer for it). */
+static void op_unseen(struct input *in)
+{
+    unsigned t = u8(in);
+    int slot;
+    if (!nobjs || current(&slot) != CUR_LIVE)
+        return;
+    struct mobj *o = &objs[t % nobjs];
+    if (o->kind != K_DEVICE || (o->state != TORN && o->state != RELEASED_TORN) || live_at(o->key))
+        return;
+    uintptr_t key = o->key;
+    size_t bytes = o->bytes ? o->bytes : 1;
+    touched_dead = true; /* the address was a destroyed context's */
+    CUresult rc = testdrv_map_device_at((CUdeviceptr)key, bytes);
+    TRACE("  testdrv_map_device_at(%#lx, %zu) -> %d", (unsigned long)key, bytes, (int)rc);
+    if (rc == CUDA_SUCCESS)
+        add_obj(K_DEVICE, key, bytes, slot, false);
+}
+
 /* ---- green contexts -------------------------------------------------------- */
 
 typedef CUresult (*get_resource_fn)(CUdevice, CUdevResource *, CUdevResourceType);
@@ -2027,6 +2051,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {"push/pop", op_ctx_push_pop}, {"primary", op_primary},
         {"capture", op_capture},     {"green", op_green},
         {"cuMemGetInfo", op_meminfo}, {"set state", op_alter},
+        {"unseen allocation", op_unseen},
     };
     for (op_index = 0; in.n && op_index < 64; op_index++) {
         unsigned b = u8(&in) % (sizeof ops / sizeof ops[0]);
