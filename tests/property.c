@@ -68,8 +68,8 @@
  *    (cuMemAdvise*, cuMemPrefetchAsync*, cuMemPrefetchBatchAsync*,
  *    cuMemDiscardAndPrefetchBatchAsync*, cuStreamAttachMemAsync*,
  *    cuPointerSetAttribute, and the dma-buf export
- *    cuMemGetHandleForAddressRange: the alter operation); a primary release and a green destruction wait
- *    for the engine's walks of the primary context, among them another
+ *    cuMemGetHandleForAddressRange: the alter operation); a primary release
+ *    and a green destruction wait for the engine's walks of the primary context, among them another
  *    thread's flush, which may wait for the GPU (DESIGN.md, section 3):
  *    they are not judged for polling while another thread's call that may
  *    flush runs (drains_flush);
@@ -204,16 +204,16 @@ static const struct rule_row {
     {"cuLibraryUnload", R_NO_WAIT},
     {"cuMemAlloc", R_ALLOC}, {"cuMemAllocAsync", R_ALLOC}, {"cuMemAllocAsync_ptsz", R_ALLOC},
     {"cuMemAllocFromPoolAsync", R_ALLOC}, {"cuMemAllocFromPoolAsync_ptsz", R_ALLOC},
+    {"cuMemAdvise", R_NO_WAIT}, {"cuMemAdvise_v2", R_NO_WAIT},
     {"cuMemAllocHost", R_ALLOC}, {"cuMemAllocHost_v2", R_ALLOC},
     {"cuMemAllocManaged", R_ALLOC}, {"cuMemAllocPitch", R_ALLOC},
     {"cuMemAllocPitch_v2", R_ALLOC}, {"cuMemAlloc_v2", R_ALLOC}, {"cuMemCreate", R_ALLOC},
-    {"cuMemGetHandleForAddressRange", R_NO_WAIT},
-    {"cuMemFree", R_NO_WAIT}, {"cuMemFreeAsync", R_NO_WAIT}, {"cuMemFreeAsync_ptsz", R_NO_WAIT},
-    {"cuMemFreeHost", R_NO_WAIT}, {"cuMemFree_v2", R_NO_WAIT},
-    {"cuMemGetInfo", R_NO_WAIT}, {"cuMemGetInfo_v2", R_NO_WAIT},
-    {"cuMemAdvise", R_NO_WAIT}, {"cuMemAdvise_v2", R_NO_WAIT},
     {"cuMemDiscardAndPrefetchBatchAsync", R_NO_WAIT},
     {"cuMemDiscardAndPrefetchBatchAsync_ptsz", R_NO_WAIT},
+    {"cuMemFree", R_NO_WAIT}, {"cuMemFreeAsync", R_NO_WAIT}, {"cuMemFreeAsync_ptsz", R_NO_WAIT},
+    {"cuMemFreeHost", R_NO_WAIT}, {"cuMemFree_v2", R_NO_WAIT},
+    {"cuMemGetHandleForAddressRange", R_NO_WAIT},
+    {"cuMemGetInfo", R_NO_WAIT}, {"cuMemGetInfo_v2", R_NO_WAIT},
     {"cuMemHostAlloc", R_ALLOC},
     {"cuMemHostRegister", R_REGISTER}, {"cuMemHostRegister_v2", R_REGISTER},
     {"cuMemHostUnregister", R_BOUNDED},
@@ -1028,14 +1028,19 @@ static void alter(struct worker *w)
         "cuPointerSetAttribute", "cuMemAdvise", "cuMemAdvise_v2", "cuMemAdvise_v2",
         "cuMemPrefetchAsync", "cuMemPrefetchAsync_ptsz", "cuMemPrefetchAsync_v2",
         "cuMemPrefetchAsync_v2_ptsz", "cuMemPrefetchBatchAsync",
-        "cuMemDiscardAndPrefetchBatchAsync_ptsz", "cuStreamAttachMemAsync",
+        "cuMemDiscardAndPrefetchBatchAsync", "cuStreamAttachMemAsync",
         "cuStreamAttachMemAsync_ptsz", "cuMemGetHandleForAddressRange"};
+    static const char *const batch_names[4] = {
+        "cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync_ptsz",
+        "cuMemDiscardAndPrefetchBatchAsync", "cuMemDiscardAndPrefetchBatchAsync_ptsz"};
+    unsigned batch = how == 8 ? hx_below(&w->t, 2) : 2 + hx_below(&w->t, 2);
+    const char *name = how == 8 || how == 9 ? batch_names[batch] : names[how];
     static const CUmem_advise advice[3] = {CU_MEM_ADVISE_SET_READ_MOSTLY,
                                            CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
                                            CU_MEM_ADVISE_SET_ACCESSED_BY};
     const int one = 1;
     struct probe p;
-    probe_begin(w, &p, names[how], "(%s %#lx)", kinds[o->kind].name, (unsigned long)d);
+    probe_begin(w, &p, name, "(%s %#lx)", kinds[o->kind].name, (unsigned long)d);
     CUresult rc;
     switch (how) {
     case 0:
@@ -1063,8 +1068,7 @@ static void alter(struct worker *w)
         break;
     case 8:
     case 9:
-        rc = api.batch[how == 8 ? hx_below(&w->t, 2) : 2 + hx_below(&w->t, 2)](&d, &bytes, 1, &dev,
-                                                                           &idx, 1, 0, s);
+        rc = api.batch[batch](&d, &bytes, 1, &dev, &idx, 1, 0, s);
         break;
     case 10:
         rc = cuStreamAttachMemAsync(s, d, 0, CU_MEM_ATTACH_HOST);
@@ -1081,7 +1085,7 @@ static void alter(struct worker *w)
     }
     }
     probe_end(w, &p, rc, false);
-    hx_expect(&w->t, names[how], rc, CUDA_SUCCESS);
+    hx_expect(&w->t, name, rc, CUDA_SUCCESS);
 }
 
 /* One allocation with call a, of n bytes where the call takes a size; the

@@ -348,12 +348,12 @@ static void add_obj(enum mkind kind, uintptr_t key, size_t bytes, int ctx, bool 
     if (rc != CUDA_SUCCESS || sync)
         FAIL("new %s block %#lx answers SYNC_MEMOPS %u (%d), not 0", kind_names[kind],
              (unsigned long)key, sync, (int)rc);
-    static const CUmem_range_attribute attrs[] = {CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
-                                                  CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
-                                                  CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
     if (testdrv_dmabuf_exported((CUdeviceptr)key))
         FAIL("new %s block %#lx was exported as a dma-buf before", kind_names[kind],
              (unsigned long)key);
+    static const CUmem_range_attribute attrs[] = {CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
+                                                  CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+                                                  CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION};
     for (size_t i = 0; kind == K_MANAGED && i < sizeof attrs / sizeof attrs[0]; i++) {
         int v = 7, want = i == 0 ? 0 : CU_DEVICE_INVALID;
         rc = cuMemRangeGetAttribute(&v, sizeof v, attrs[i], (CUdeviceptr)key, bytes);
@@ -1651,10 +1651,9 @@ static void op_release(struct input *in)
 
 /* Advice, a prefetch, a stream attachment, SYNC_MEMOPS or a dma-buf export
  * of a live block, inside one, or of a pointer that names none (NULL,
- * bogus, freed).
- * The driver answers bad input; none of the calls may wait. A live block's
- * SYNC_MEMOPS must be set; what was set must not reach a later allocation
- * (add_obj). */
+ * bogus, freed). The driver answers bad input; none of the calls may wait.
+ * A live block's SYNC_MEMOPS must be set; what was set must not reach a
+ * later allocation (add_obj). */
 static void op_alter(struct input *in)
 {
     unsigned t = u8(in), v = u8(in), how = u8(in) % 6;

@@ -101,43 +101,54 @@ static void settle(void)
     gc_sleep_ms(5);
 }
 
-static void variant_advise(void)
+/* A managed block that set() changes, its answers, its release, and the
+ * answers of the next block of its size. */
+static void managed_again(const char *variant, CUresult (*set)(CUdeviceptr p),
+                          void (*answers)(char *out, size_t n, CUdeviceptr p))
 {
     char before[256], after[256];
     CUdeviceptr p, q;
     GC_CHECK(cuMemAllocManaged(&p, MANAGED_BYTES, CU_MEM_ATTACH_GLOBAL));
-    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
-    CUresult set = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_READ_MOSTLY, device0());
-    if (set == CUDA_SUCCESS)
-        set = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);
-    if (set == CUDA_SUCCESS)
-        set = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_ACCESSED_BY, device0());
-    advice_answers(before, sizeof before, p);
+    CUresult rc = set(p);
+    answers(before, sizeof before, p);
     GC_CHECK(cuMemFree(p));
     settle();
     GC_CHECK(cuMemAllocManaged(&q, MANAGED_BYTES, CU_MEM_ATTACH_GLOBAL));
-    advice_answers(after, sizeof after, q);
-    print_result("advise", "managed", set, before, after, p == q);
+    answers(after, sizeof after, q);
+    print_result(variant, "managed", rc, before, after, p == q);
     GC_CHECK(cuMemFree(q));
+}
+
+static CUresult advise(CUdeviceptr p)
+{
+    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    CUresult rc = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_READ_MOSTLY, device0());
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemAdvise(p, MANAGED_BYTES, CU_MEM_ADVISE_SET_ACCESSED_BY, device0());
+    return rc;
+}
+
+static void variant_advise(void)
+{
+    managed_again("advise", advise, advice_answers);
+}
+
+/* On a stream of its own, which is synchronised. */
+static CUresult prefetch(CUdeviceptr p)
+{
+    CUstream s;
+    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUresult rc = cuMemPrefetchAsync(p, MANAGED_BYTES, device0(), 0, s);
+    GC_CHECK(cuStreamSynchronize(s));
+    GC_CHECK(cuStreamDestroy(s));
+    return rc;
 }
 
 static void variant_prefetch(void)
 {
-    char before[128], after[128];
-    CUdeviceptr p, q;
-    CUstream s;
-    GC_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    GC_CHECK(cuMemAllocManaged(&p, MANAGED_BYTES, CU_MEM_ATTACH_GLOBAL));
-    CUresult set = cuMemPrefetchAsync(p, MANAGED_BYTES, device0(), 0, s);
-    GC_CHECK(cuStreamSynchronize(s));
-    prefetch_answers(before, sizeof before, p);
-    GC_CHECK(cuMemFree(p));
-    settle();
-    GC_CHECK(cuMemAllocManaged(&q, MANAGED_BYTES, CU_MEM_ATTACH_GLOBAL));
-    prefetch_answers(after, sizeof after, q);
-    print_result("prefetch", "managed", set, before, after, p == q);
-    GC_CHECK(cuMemFree(q));
-    GC_CHECK(cuStreamDestroy(s));
+    managed_again("prefetch", prefetch, prefetch_answers);
 }
 
 static void variant_attach(void)

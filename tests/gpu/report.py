@@ -949,19 +949,22 @@ PRIMARY_FIELDS = ("retain_rc", "reset_rc", "retain2_rc", "alloc_rc", "free_host_
                   "sync_rc")
 
 
+def differences(n, s, keys):
+    """The fields of keys that the run with the shim (s) answered otherwise
+    than the run without it (n)."""
+    if s and n:
+        return ["%s %s (driver: %s)" % (k, s.get(k), n.get(k)) for k in keys
+                if s.get(k) != n.get(k)]
+    return ["no run without the shim"] if s else []
+
+
 def report_primary_unseen(res, summary):
     rows, verdicts = [], []
     for variant in ("twice", "reset"):
         n = res.one("primary_unseen", mode="none", variant=variant)
         s = res.one("primary_unseen", mode="shim", variant=variant)
         run = res.run_status("primary-unseen", "shim", variant)
-        problems = []
-        if s and n:
-            problems = ["%s %s (driver: %s)" % (k, s.get(k), n.get(k)) for k in PRIMARY_FIELDS
-                        if s.get(k) != n.get(k)]
-        elif s:
-            problems = ["no run without the shim"]
-        v = verdict_of(problems, s, run)
+        v = verdict_of(differences(n, s, PRIMARY_FIELDS), s, run)
         verdicts.append(v)
         for mode, r in (("none", n), ("shim", s)):
             r = r or {}
@@ -988,13 +991,7 @@ def report_inherit(res, summary):
         n = res.one("inherit", mode="none", variant=variant, kind=kind)
         s = res.one("inherit", mode="shim", variant=variant, kind=kind)
         run = res.run_status("inherit", "shim", variant)
-        problems = []
-        if s and n:
-            problems = ["%s %s (driver: %s)" % (k, s.get(k), n.get(k))
-                        for k in ("set_rc", "before", "after") if s.get(k) != n.get(k)]
-        elif s:
-            problems = ["no run without the shim"]
-        v = verdict_of(problems, s, run)
+        v = verdict_of(differences(n, s, ("set_rc", "before", "after")), s, run)
         verdicts.append(v)
         for mode, r in (("none", n), ("shim", s)):
             r = r or {}
