@@ -46,12 +46,23 @@ static int location_device(CUmemLocation loc)
     }
 }
 
-static CUmemLocation device_location(int dev)
+/* A device as the v1 calls take it, checked the same way. */
+static int v1_device(CUdevice d)
 {
-    CUmemLocation loc = {.type = dev == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST
-                                                      : CU_MEM_LOCATION_TYPE_DEVICE,
-                         .id = dev == CU_DEVICE_CPU ? 0 : dev};
-    return loc;
+    return d == CU_DEVICE_CPU ? CU_DEVICE_CPU
+           : d >= 0 && d < td.ndevices ? d
+                                      : CU_DEVICE_INVALID;
+}
+
+/* The _TYPE (type) or _ID part of a location kept as location_device's
+ * answer; CU_DEVICE_INVALID, nothing set, is the invalid type. */
+static int location_part(int dev, bool type)
+{
+    if (dev == CU_DEVICE_INVALID)
+        return type ? CU_MEM_LOCATION_TYPE_INVALID : CU_DEVICE_INVALID;
+    if (dev == CU_DEVICE_CPU)
+        return type ? CU_MEM_LOCATION_TYPE_HOST : 0;
+    return type ? CU_MEM_LOCATION_TYPE_DEVICE : dev;
 }
 
 /* ---- advice --------------------------------------------------------------- */
@@ -100,10 +111,7 @@ TD_EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise ad
                                CUdevice device)
 {
     TD_COUNT(cuMemAdvise);
-    int dev = device == CU_DEVICE_CPU ? CU_DEVICE_CPU
-              : device >= 0 && device < td.ndevices ? device
-                                                    : CU_DEVICE_INVALID;
-    return advise(devPtr, count, advice, dev);
+    return advise(devPtr, count, advice, v1_device(device));
 }
 
 TD_EXPORT CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
@@ -130,30 +138,24 @@ static CUresult range_attribute(const struct td_alloc *a, void *data, size_t siz
     }
     if (size != sizeof(int))
         return CUDA_ERROR_INVALID_VALUE;
-    int preferred = a->preferred, last = a->last_prefetch;
     switch (attr) {
     case CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY:
         *out = a->read_mostly;
         return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION:
-        *out = preferred;
+        *out = a->preferred;
         return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION:
-        *out = last;
+        *out = a->last_prefetch;
         return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE:
-        *out = preferred == CU_DEVICE_INVALID ? CU_MEM_LOCATION_TYPE_INVALID
-                                              : (int)device_location(preferred).type;
-        return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID:
-        *out = preferred == CU_DEVICE_INVALID ? CU_DEVICE_INVALID : device_location(preferred).id;
+        *out = location_part(a->preferred, attr == CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE);
         return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE:
-        *out = last == CU_DEVICE_INVALID ? CU_MEM_LOCATION_TYPE_INVALID
-                                         : (int)device_location(last).type;
-        return CUDA_SUCCESS;
     case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID:
-        *out = last == CU_DEVICE_INVALID ? CU_DEVICE_INVALID : device_location(last).id;
+        *out = location_part(a->last_prefetch,
+                             attr == CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE);
         return CUDA_SUCCESS;
     default:
         return CUDA_ERROR_INVALID_VALUE;
@@ -234,13 +236,6 @@ static CUresult prefetch(CUdeviceptr p, size_t count, int dev, CUstream h, bool 
     return stream_back(s, captured);
 }
 
-static int v1_device(CUdevice d)
-{
-    return d == CU_DEVICE_CPU ? CU_DEVICE_CPU
-           : d >= 0 && d < td.ndevices ? d
-                                      : CU_DEVICE_INVALID;
-}
-
 TD_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
                                       CUstream hStream)
 {
@@ -275,8 +270,16 @@ TD_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count,
 }
 
 /* The batch forms: range i goes to the location whose first index
- * (locIdxs, ascending, the first 0) is the last at or below i. Every range
- * is checked before any is changed. */
+ * (locIdxs, ascending, the first 0) is the last at or below i: the index
+ * of that location, from l, the one of range i - 1. */
+static size_t batch_location(size_t i, size_t l, const size_t *loc_idxs, size_t nlocs)
+{
+    while (l + 1 < nlocs && loc_idxs[l + 1] <= i)
+        l++;
+    return l;
+}
+
+/* Every range is checked before any is changed. */
 static CUresult prefetch_batch(CUdeviceptr *dptrs, size_t *sizes, size_t count,
                                CUmemLocation *locs, size_t *loc_idxs, size_t nlocs,
                                unsigned long long flags, CUstream h, bool ptsz)
@@ -290,16 +293,14 @@ static CUresult prefetch_batch(CUdeviceptr *dptrs, size_t *sizes, size_t count,
     if (rc != CUDA_SUCCESS)
         return rc;
     for (size_t i = 0, l = 0; i < count; i++) {
-        while (l + 1 < nlocs && loc_idxs[l + 1] <= i)
-            l++;
+        l = batch_location(i, l, loc_idxs, nlocs);
         if (!managed_range(dptrs[i], sizes[i]))
             return td_leave(CUDA_ERROR_INVALID_VALUE);
         if (location_device(locs[l]) == CU_DEVICE_INVALID)
             return td_leave(CUDA_ERROR_INVALID_DEVICE);
     }
     for (size_t i = 0, l = 0; i < count; i++) {
-        while (l + 1 < nlocs && loc_idxs[l + 1] <= i)
-            l++;
+        l = batch_location(i, l, loc_idxs, nlocs);
         managed_range(dptrs[i], sizes[i])->last_prefetch = location_device(locs[l]);
     }
     return stream_back(s, captured);
