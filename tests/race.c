@@ -137,6 +137,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1264,12 +1265,46 @@ static void begin_own(struct worker *w)
     make_span_streams(w);
 }
 
+/* Frees the buffer of pages for registrations, a new one taken first (so
+ * that it does not land on the freed pages). */
+static void swap_pages(struct worker *w)
+{
+    struct hx_pages next = w->reg;
+    if (!hx_pages_map(&next))
+        return;
+    hx_begin(&w->t, "free the pages for registrations (a new buffer taken)");
+    bool unmapped = hx_pages_unmap(&w->t, &w->reg);
+    hx_end(&w->t, CUDA_SUCCESS);
+    if (unmapped) {
+        w->reg.base = next.base;
+        w->renewals++;
+    } else {
+        munmap(next.base, (size_t)HX_REG_PAGES * HX_PAGE);
+    }
+}
+
 static void end_own(struct worker *w)
 {
     /* Release some of its objects (queued in cudefer); the others go with it. */
+    bool unregistered = false;
     for (int i = w->nheld - 1; i >= 0; i--)
         if (w->held[i].ctx == &w->own && hx_below(&w->t, 2))
-            release(w, i);
+            unregistered |= release(w, i) == K_REGISTERED;
+    /* Now and then the destruction waits for a kernel, and the pages of a
+     * registration released just now are freed before it: the destruction
+     * undoes the registration only when it returns, and meanwhile another
+     * thread's pinned or managed allocation, or its new buffer of pages,
+     * may land there (without cudefer the pages were unregistered at the
+     * release). */
+    if (w->span_streams[0] && hx_below(&w->t, 2)) {
+        unsigned usec = 1000 + hx_below(&w->t, 2000);
+        hx_begin(&w->t, "testdrv_launch(stream 0, %u us, nothing 0) in own", usec);
+        CUresult rc = testdrv_launch(w->span_streams[0], usec, 0, 0, TESTDRV_NONE);
+        hx_end(&w->t, rc);
+        hx_expect(&w->t, "testdrv_launch", rc, CUDA_SUCCESS);
+        if (unregistered)
+            swap_pages(w);
+    }
     for (int i = 0; i < STREAMS; i++)
         if (w->span_streams[i] && hx_below(&w->t, 2))
             destroy_stream(w, i);

@@ -332,6 +332,96 @@ Test(scenarios, unregister_beside_another_contexts_kernel_that_waits_for_it, .ti
     free(page);
 }
 
+struct destroyer {
+    CUcontext ctx;
+    atomic_int go, started;
+    CUresult rc;
+};
+
+static void *destroy_context(void *arg)
+{
+    struct destroyer *d = arg;
+    while (!atomic_load(&d->go))
+        sleep_ms(1);
+    atomic_store(&d->started, 1);
+    d->rc = cuCtxDestroy(d->ctx);
+    return NULL;
+}
+
+/* The program unregisters its pages in one context (cudefer queues the
+ * driver's unregister behind a later kernel) and another thread destroys
+ * that context, which waits for that kernel before it undoes the
+ * registration. Meanwhile the
+ * program registers the same pages in another context, or maps new memory
+ * where it freed them: without cudefer both succeed (the pages were
+ * unregistered long before). They must with cudefer too: the range stays
+ * pending until the destruction has undone it, and the call waits for
+ * that as for a queued unregister (tests/race.c race-across found it). */
+static void reuse_pages_during_teardown(bool unmap)
+{
+    CUcontext first = test_context();
+    const size_t bytes = 8 * MIB;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    struct destroyer d = {0};
+    CU_OK(cuCtxCreate(&d.ctx, NULL, 0, device0()));
+    CUstream s = test_stream(CU_STREAM_NON_BLOCKING);
+    /* The thread first: its stack could land on the freed pages. */
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, destroy_context, &d), 0);
+    CU_OK(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CU_OK(testdrv_launch(s, 1000, (CUdeviceptr)(uintptr_t)p, bytes, TESTDRV_WRITE));
+    CU_OK(cuMemHostUnregister(p)); /* waits for that kernel */
+    /* Later work that the driver's unregister, and the destruction, wait
+     * for: the unregister stays queued. */
+    CU_OK(testdrv_launch(s, 300000, 0, 0, TESTDRV_NONE));
+    if (unmap)
+        munmap(p, bytes);
+    CU_OK(cuCtxSetCurrent(first));
+    atomic_store(&d.go, 1);
+    while (!atomic_load(&d.started))
+        sleep_ms(1);
+    sleep_ms(50); /* the destruction waits for the kernel */
+    CUresult rc;
+    if (!unmap) {
+        rc = cuMemHostRegister(p, bytes, 0);
+        cr_expect_eq(rc, CUDA_SUCCESS, "registering the pages again while the context that "
+                     "held them ends: %d", (int)rc);
+        if (rc == CUDA_SUCCESS)
+            CU_OK(cuMemHostUnregister(p));
+    } else {
+        /* Half the range, till one lands on the freed pages. */
+        CUdeviceptr got[8];
+        int n = 0, over = 0;
+        for (; n < 8 && !over; n++) {
+            rc = cuMemAllocManaged(&got[n], bytes / 2, CU_MEM_ATTACH_GLOBAL);
+            cr_assert_eq(rc, CUDA_SUCCESS, "managed allocation %d while the context of a "
+                         "freed buffer's registration ends: %d", n + 1, (int)rc);
+            over = (char *)(uintptr_t)got[n] < (char *)p + bytes &&
+                   (char *)p < (char *)(uintptr_t)got[n] + bytes / 2;
+        }
+        cr_expect(over, "no allocation landed on the freed buffer's addresses (%d tries)", n);
+        for (int i = 0; i < n; i++)
+            CU_OK(cuMemFree(got[i]));
+    }
+    pthread_join(t, NULL);
+    CU_OK(d.rc);
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(program_live(TESTDRV_REGISTERED), 0);
+    if (!unmap)
+        munmap(p, bytes);
+}
+
+Test(scenarios, registration_while_the_context_of_its_unregister_ends, .timeout = 20)
+{
+    reuse_pages_during_teardown(false);
+}
+
+Test(scenarios, managed_allocation_while_the_context_of_its_unregister_ends, .timeout = 20)
+{
+    reuse_pages_during_teardown(true);
+}
+
 /* ==== 9.2 No hidden waits ==================================================== */
 /* The rule: an allocation that succeeds never waits for the GPU (a kernel
  * that waits for this very thread would never end). */

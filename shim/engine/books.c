@@ -28,9 +28,9 @@ static size_t nranges, cap_ranges;
  * ranges_lock). */
 static size_t unnoted;
 
-static void note_range(const struct cd_record *r, int sign)
+static void note_range(uintptr_t lo, uintptr_t hi, int sign)
 {
-    struct range want = {r->key, r->key + r->bytes};
+    struct range want = {lo, hi};
     atomic_fetch_add(&registered_pending, sign);
     pthread_mutex_lock(&ranges_lock);
     /* Without room the range is not noted, only counted; the registration's
@@ -57,9 +57,23 @@ void cd_books_unregistered(struct cd_record *r)
 {
     if (r->kind == CD_REGISTERED && r->pending) {
         r->pending = false;
-        note_range(r, -1);
+        note_range(r->key, r->key + r->bytes, -1);
         atomic_fetch_add(&unregisters_done, 1);
     }
+}
+
+bool cd_books_unregistered_later(struct cd_record *r)
+{
+    if (r->kind != CD_REGISTERED || !r->pending)
+        return false;
+    r->pending = false;
+    return true;
+}
+
+void cd_books_range_undone(uintptr_t lo, uintptr_t hi)
+{
+    note_range(lo, hi, -1);
+    atomic_fetch_add(&unregisters_done, 1);
 }
 
 unsigned long long cd_books_unregisters_done(void)
@@ -321,7 +335,7 @@ void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
      * the entry meanwhile. */
     if (r->kind == CD_REGISTERED && !r->pending) {
         r->pending = true;
-        note_range(r, +1);
+        note_range(r->key, r->key + r->bytes, +1);
     }
     pthread_mutex_lock(&c->lock);
     account(c, r, +1);

@@ -26,6 +26,7 @@
 #include "engine.h"
 
 #include "backends.h"
+#include "array.h"
 #include "books.h"
 #include "capture.h"
 #include "contexts.h"
@@ -40,8 +41,55 @@
 
 #include <pthread.h>
 
+/* Teardowns begun by this thread whose destruction has not returned, and
+ * the devices of the first few (counted in transit for that device). */
+#define ENDING_DEVICES 4
+static _Thread_local int ending;
+static _Thread_local int ending_device[ENDING_DEVICES];
+
+/* Ranges of pending unregisters that this thread's destructions under way
+ * undo when they return, each with the depth of its teardown (ending). Till
+ * then the driver holds the registration: a registration of those pages
+ * from another thread must wait for it as for a queued unregister, not
+ * fail with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (tests/race.c
+ * race-across). */
+static _Thread_local struct held_range {
+    uintptr_t lo, hi;
+    int depth;
+} *held;
+static _Thread_local size_t nheld, cap_held;
+
+/* Keeps r's range pending until this thread's destruction returns. False
+ * when r holds none, or without memory for it (then it goes at once). */
+static bool hold_range(struct cd_record *r)
+{
+    if (r->kind != CD_REGISTERED || !r->pending ||
+        !cd_array_room((void **)&held, &cap_held, nheld + 1, sizeof *held))
+        return false;
+    cd_books_unregistered_later(r);
+    held[nheld++] = (struct held_range){r->key, r->key + r->bytes, ending};
+    return true;
+}
+
+/* This thread's destruction of depth (ending, counted from 1) has
+ * returned, and those it began. */
+static void undo_held(int depth)
+{
+    while (nheld && held[nheld - 1].depth >= depth) {
+        nheld--;
+        cd_books_range_undone(held[nheld].lo, held[nheld].hi);
+    }
+    if (!nheld) {
+        free(held);
+        held = NULL;
+        cap_held = 0;
+    }
+}
+
 /* Settles the entries of a closed slot: dropped where the destruction
- * frees them, released for real otherwise (libraries; may wait). */
+ * frees them, released for real otherwise (libraries; may wait). alive:
+ * the destruction is still to come (a registration it undoes stays
+ * pending till then). */
 static void settle_books(struct cd_ctx *c, bool alive)
 {
     struct cd_link list;
@@ -53,7 +101,8 @@ static void settle_books(struct cd_ctx *c, bool alive)
         if (alive)
             cd_ctx_event_put(c, r->done);
         r->done = NULL;
-        cd_books_unregistered(r);
+        if (!alive || !hold_range(r))
+            cd_books_unregistered(r);
         if (cd_backend((enum cd_kind)r->kind)->freed_by_context) {
             atomic_fetch_add(&cd_stats.dropped[r->kind], 1);
             cd_registry_end(r, CD_TORN);
@@ -102,12 +151,6 @@ void cd_context_created(CUcontext ctx, bool primary)
         cd_ctx_get_as(ctx, primary);
 }
 
-/* Teardowns begun by this thread whose destruction has not returned, and
- * the devices of the first few (counted in transit for that device). */
-#define ENDING_DEVICES 4
-static _Thread_local int ending;
-static _Thread_local int ending_device[ENDING_DEVICES];
-
 static int ending_device_at(int i)
 {
     return i < ENDING_DEVICES ? ending_device[i] : -1;
@@ -135,6 +178,7 @@ void cd_context_destroying(CUcontext ctx)
 void cd_context_destroyed(void)
 {
     if (ending > 0) {
+        undo_held(ending);
         ending--;
         cd_reclaim_ending(ending_device_at(ending), -1);
     }
