@@ -5,6 +5,7 @@
 #include "backends.h"
 #include "clock.h"
 #include "options.h"
+#include "registry.h"
 #include "stats.h"
 
 #include <errno.h>
@@ -256,11 +257,12 @@ void cd_books_live(struct cd_ctx *c, size_t bytes, int sign)
     rise(&c->live_blocks, &c->peak_blocks, sign);
 }
 
-void cd_books_forgotten(enum cd_retire_result res, const struct cd_forgotten *was)
+void cd_books_forget(enum cd_kind cls, uintptr_t key)
 {
-    if (res == CD_RETIRED_NOW && was->ctx && was->kind == CD_DEVICE &&
-        atomic_load(&was->ctx->gen) == was->gen)
-        cd_books_live(was->ctx, was->bytes, -1);
+    struct cd_forgotten was;
+    if (cd_registry_forget(cls, key, &was) == CD_RETIRED_NOW && was.ctx &&
+        was.kind == CD_DEVICE && atomic_load(&was.ctx->gen) == was.gen)
+        cd_books_live(was.ctx, was.bytes, -1);
 }
 
 void cd_books_below_peak(struct cd_ctx *c, long long percent, long long *bytes,

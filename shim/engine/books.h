@@ -52,12 +52,13 @@ size_t cd_books_take_all(struct cd_ctx *c, const struct cd_take *t, long long *k
  * bytes and in blocks, is kept beside it. */
 void cd_books_live(struct cd_ctx *c, size_t bytes, int sign);
 
-/* A LIVE record the registry forgot (registry.h): the program no longer
- * holds that memory, if it is device memory of that context still. A
- * stale record that an allocation replaces (cd_registry_insert) is not
+/* The registry forgets the record or tomb of class cls at key
+ * (cd_registry_forget); if it was a LIVE record of device memory of a
+ * context still the same, the program no longer holds that memory there.
+ * A stale record that an allocation replaces (cd_registry_insert) is not
  * counted out: the count then stays high, which only makes the room
  * smaller. */
-void cd_books_forgotten(enum cd_retire_result res, const struct cd_forgotten *was);
+void cd_books_forget(enum cd_kind cls, uintptr_t key);
 
 /* How far the program's device memory in c is below percent of its peaks,
  * in bytes and in blocks: the room that CUDEFER_DEVICE_CACHE_PEAK gives

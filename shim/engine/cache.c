@@ -292,8 +292,7 @@ void cd_alloc_done(struct cd_alloc *a, CUresult rc, uintptr_t key)
         /* Not tracked (no context, or one that is closing): its release
          * passes through, and a stale record or tomb of the same address
          * or handle goes. */
-        struct cd_forgotten was;
-        cd_books_forgotten(cd_registry_forget(cd_kind_class(a->kind), key, &was), &was);
+        cd_books_forget(cd_kind_class(a->kind), key);
         return;
     }
     r->ctx = c;

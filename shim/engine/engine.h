@@ -94,11 +94,10 @@ void cd_free_async_done(CUdeviceptr ptr);
  * process or device may map its pages), or set advice, a prefetch
  * location, a stream attachment or a pointer attribute on it, which the
  * driver answers as unset for a new allocation at the same address
- * (measured: DESIGN.md, section 1.4). Each such block
- * cudefer tracks never serves another allocation: once released it goes
- * back to the driver, fenced. Where ptr is not the start of a block cudefer
- * tracks, asks the driver where the allocation holding it starts. Does not
- * wait. */
+ * (measured: DESIGN.md, section 1.4). Each such block cudefer tracks never
+ * serves another allocation: once released it goes back to the driver,
+ * fenced. Where ptr is not the start of a block cudefer tracks, asks the
+ * driver where the allocation holding it starts. Does not wait. */
 void cd_block_altered(CUdeviceptr ptr, size_t bytes);
 
 /* cuMemGetInfo succeeded with *free bytes free of total: adds the device

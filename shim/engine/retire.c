@@ -402,8 +402,7 @@ static bool stale_tomb(const struct cd_driver_ops *ops, enum cd_kind cls, uintpt
     if ((cls != CD_DEVICE && cls != CD_HOST) || !ops->pointer_get_attribute ||
         !range_start(ops, (void *)key, &base) || base != key)
         return false;
-    struct cd_forgotten was;
-    cd_books_forgotten(cd_registry_forget(cls, key, &was), &was);
+    cd_books_forget(cls, key);
     cd_log(CD_LOG_DEBUG, "%s %#lx: the driver handed the address of a destroyed context's block "
            "out again; its own release", cd_kind_name(cls), (unsigned long)key);
     return true;
@@ -566,9 +565,8 @@ bool cd_free_async(CUdeviceptr ptr, CUresult *rc)
 
 void cd_free_async_done(CUdeviceptr ptr)
 {
-    struct cd_forgotten was;
     if (ptr && cd_engine_on())
-        cd_books_forgotten(cd_registry_forget(CD_DEVICE, (uintptr_t)ptr, &was), &was);
+        cd_books_forget(CD_DEVICE, (uintptr_t)ptr);
 }
 
 /* Marks the LIVE block that starts at key, of any reusable kind; its size,
@@ -612,7 +610,6 @@ void cd_block_altered(CUdeviceptr ptr, size_t bytes)
 
 void cd_alloc_untracked(uintptr_t key)
 {
-    struct cd_forgotten was;
     if (key && cd_engine_on())
-        cd_books_forgotten(cd_registry_forget(CD_DEVICE, key, &was), &was);
+        cd_books_forget(CD_DEVICE, key);
 }
