@@ -191,6 +191,12 @@ build_programs() {
     else
         build_result doors_rt_static fail nvcc
     fi
+    say "== build: inherit_rt" >>"$BUILDLOG"
+    if gl_nvcc "$BUILDLOG" "$BIN/inherit_rt" tests/gpu/inherit_rt.cu; then
+        build_result inherit_rt ok nvcc
+    else
+        build_result inherit_rt fail nvcc
+    fi
     say "== build: doors_rt_shared" >>"$BUILDLOG"
     if gl_nvcc "$BUILDLOG" "$BIN/doors_rt_shared" -cudart shared -Xlinker -rpath \
         -Xlinker "$CUDA/lib64" tests/gpu/doors_rt.cu; then
@@ -381,12 +387,16 @@ check_primary_unseen() {
 # A block allocated after a release must carry nothing the program set on
 # the released block (advice, a prefetch, a stream attachment, SYNC_MEMOPS;
 # and a dma-buf export passes through):
-# tests/gpu/inherit.c, one process a variant.
+# tests/gpu/inherit.c, one process a variant; the advice and the prefetch
+# through the CUDA runtime too (tests/gpu/inherit_rt.cu).
 check_inherit() {
     say "== 18. inherit"
     local v
     for v in advise prefetch attach syncmemops dmabuf; do
         run_both inherit "$v" 20 -- "$BIN/inherit" "$v"
+    done
+    for v in rt_advise rt_prefetch; do
+        run_both inherit "$v" 20 -- "$BIN/inherit_rt" "$v"
     done
 }
 

@@ -982,7 +982,8 @@ def report_primary_unseen(res, summary):
 
 
 INHERIT_CASES = (("advise", "managed"), ("prefetch", "managed"), ("attach", "managed"),
-                 ("syncmemops", "device"), ("syncmemops", "host"), ("dmabuf", "device"))
+                 ("syncmemops", "device"), ("syncmemops", "host"), ("dmabuf", "device"),
+                 ("rt_advise", "managed"), ("rt_prefetch", "managed"))
 
 
 def report_inherit(res, summary):
