@@ -65,7 +65,10 @@
  * releases made while they are live; a buffer of registered pages freed
  * right after an unregister and a pinned or managed allocation of its size
  * at once (the driver refuses to map over a registration it still holds);
- * primary context resets.
+ * the same buffer freed just before its own context's destruction, which
+ * a kernel keeps under way (the destruction undoes the registration only
+ * when it returns, and other threads' mappings may land on the pages
+ * meanwhile); primary context resets.
  *
  * The program is correct, as a real one would be: it never uses an object
  * after releasing it nor releases one twice; it reads the canary of a page
