@@ -5,23 +5,14 @@
 // cuGetProcAddress; the shim must answer there. Every allocation kind is
 // used by a kernel or a copy and released; stdout is a list of checksums
 // that must be the same with and without the shim.
+#include "rt.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#define CK(call)                                                                  \
-    do {                                                                          \
-        cudaError_t e_ = (call);                                                  \
-        if (e_ != cudaSuccess) {                                                  \
-            fflush(stdout);                                                       \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,  \
-                    cudaGetErrorName(e_));                                        \
-            exit(2);                                                              \
-        }                                                                         \
-    } while (0)
 
 static const size_t kWords = 1 << 16;
 static const size_t kBytes = kWords * sizeof(uint32_t);

@@ -10,6 +10,8 @@
 // usage: inherit_rt <rt_advise|rt_prefetch>
 // prints the lines of inherit.c (kind=managed; answers from
 // cudaMemRangeGetAttribute).
+#include "rt.h"
+
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -17,17 +19,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <unistd.h>
-
-#define CK(call)                                                                  \
-    do {                                                                          \
-        cudaError_t e_ = (call);                                                  \
-        if (e_ != cudaSuccess) {                                                  \
-            fflush(stdout);                                                       \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,  \
-                    cudaGetErrorName(e_));                                        \
-            exit(2);                                                              \
-        }                                                                         \
-    } while (0)
 
 static const size_t kBytes = 2u << 20;
 
