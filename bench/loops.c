@@ -1954,13 +1954,22 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             struct series s = collect(&jobs[i][t][m], "loop", "row", r->id, "peak_dev_bytes");
             fmt_bytes(mem[m], sizeof mem[m], stats(s, &med, &lo, &hi) ? hi : -1);
         }
-        char reused_s[32] = "-";
+        char reused_s[32] = "-", looks[160] = "-";
         if (reused >= 0)
             snprintf(reused_s, sizeof reused_s, "%.0f", reused);
-        printf("- %s: cudefer reused %s blocks, flushes: %s; device memory %s / %s / %s / %s / "
-               "%s\n",
-               r->id, reused_s, flushes, mem[MODE_NONE], mem[MODE_CUDEFER], mem[MODE_POOL],
-               mem[MODE_KEEP], mem[MODE_POOL0]);
+        /* How its looks at released blocks were answered, and its waits
+         * for one (where the reuse's time goes). */
+        double words = report_number(cd->report, "reuse_word_answers");
+        double queries = report_number(cd->report, "reuse_fence_queries");
+        double waits = report_number(cd->report, "reuse_waits");
+        double wait_ms = report_number(cd->report, "reuse_wait_ms");
+        if (words >= 0 && queries >= 0 && waits >= 0 && wait_ms >= 0)
+            snprintf(looks, sizeof looks, "%.0f by the fences' words, %.0f by an event query; "
+                     "%.0f waits for a block (%.3f ms)", words, queries, waits, wait_ms);
+        printf("- %s: cudefer reused %s blocks (looks answered: %s), flushes: %s; device memory "
+               "%s / %s / %s / %s / %s\n",
+               r->id, reused_s, looks, flushes, mem[MODE_NONE], mem[MODE_CUDEFER],
+               mem[MODE_POOL], mem[MODE_KEEP], mem[MODE_POOL0]);
     }
     for (size_t i = 0; i < N_LOOP_ROWS; i++)
         for (int m = 0; m < N_MODES; m++)

@@ -1485,10 +1485,14 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
     char text[16384];
     report_of(reuses_after_their_kernels, text, sizeof text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 9, "%s", text);
+    cr_expect_eq(json_number(text, "\"reuse_fence_queries\": "), 3,
+                 "each of the 12 reuses looked once: the other looks asked the driver\n%s",
+                 text);
     cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 4, \"managed\": 4, \"host\": 4"),
                        "%s", text);
     report_of(reuses_after_their_kernels_without_words, text, sizeof text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
+    cr_expect_eq(json_number(text, "\"reuse_fence_queries\": "), 12, "%s", text);
     cr_expect_not_null(strstr(text, "\"reused\": {\"device\": 4, \"managed\": 4, \"host\": 4"),
                        "%s", text);
 }

@@ -119,7 +119,8 @@ static void print_text(void)
                "captures kept other contexts' records from being made, or their work outlasted "
                "the wait's bound); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
-               "thread released); looks at released blocks the fences' words answered: %llu; "
+               "thread released); looks at released blocks the fences' words answered: %llu, "
+               "the driver answered: %llu; "
                "unregisters that waited: %llu (%.3f ms; %llu then made with the driver's "
                "own call: another context's work still ran, or a capture kept its record from "
                "being made)\n",
@@ -128,6 +129,7 @@ static void print_text(void)
                (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
                (unsigned long long)cd_stats.debt_waits,
                (unsigned long long)cd_stats.word_answers,
+               (unsigned long long)cd_stats.fence_queries,
                (unsigned long long)cd_stats.unregister_waits,
                (double)cd_stats.unregister_wait_ns / 1e6,
                (unsigned long long)cd_stats.unregister_passed);
@@ -244,7 +246,7 @@ static void write_json(const char *path)
     fprintf(f, "},\n  \"retries\": %llu,\n  \"retries_after_waiting\": %llu,\n"
             "  \"oom_flushes_without_other_contexts\": %llu,\n"
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
-            "  \"reuse_word_answers\": %llu,\n"
+            "  \"reuse_word_answers\": %llu,\n  \"reuse_fence_queries\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
             "  \"unregisters_by_the_driver\": %llu,\n"
             "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
@@ -255,6 +257,7 @@ static void write_json(const char *path)
             (unsigned long long)cd_stats.reuse_waits, (double)cd_stats.reuse_wait_ns / 1e6,
             (unsigned long long)cd_stats.debt_waits,
             (unsigned long long)cd_stats.word_answers,
+            (unsigned long long)cd_stats.fence_queries,
             (unsigned long long)cd_stats.unregister_waits,
             (double)cd_stats.unregister_wait_ns / 1e6,
             (unsigned long long)cd_stats.unregister_passed, (long long)cd_stats.peak_deferred_bytes,

@@ -25,6 +25,8 @@ struct cd_stats {
                                                   own context's fence has passed) that a
                                                   fence's word answered, without a driver
                                                   call (fence.h) */
+    _Atomic uint64_t fence_queries;            /* looks the words could not answer: the
+                                                  driver was asked (an event query) */
     _Atomic uint64_t dropped[CD_KIND_COUNT];   /* freed by their context's destruction */
     _Atomic uint64_t passed[CD_KIND_COUNT];    /* handed to the driver as asked */
     _Atomic uint64_t over_limit[CD_KIND_COUNT]; /* of those: beyond the limits */

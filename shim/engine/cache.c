@@ -132,6 +132,7 @@ static CUresult own_part(struct cd_ctx *c, const struct cd_record *r)
         return CUDA_SUCCESS;
     }
     cd_fence_word_ask(c);
+    atomic_fetch_add_explicit(&cd_stats.fence_queries, 1, memory_order_relaxed);
     return cd_driver_ops()->event_query(r->done);
 }
 
