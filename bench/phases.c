@@ -2,9 +2,10 @@
  * call, in the process it runs in (with or without cudefer preloaded; run it
  * both ways and compare).
  *
- * Three loops of cudefer-loops' rows, each twice (the second is the figure
+ * Four loops of cudefer-loops' rows, each twice (the second is the figure
  * to read; the first warms the driver up), with no synchronisation inside:
  *   dev4k   cuMemAlloc(4 KiB) / cudefer_touch of 16 words / cuMemFree
+ *   dev4kf  the same with cudefer_fill of every word (the full touch)
  *   host4k  cuMemAllocHost(4 KiB) / cuMemHostGetDevicePointer / touch /
  *           cuMemFreeHost
  *   reg4k   cuMemHostRegister(4 KiB, DEVICEMAP) / cuMemHostGetDevicePointer
@@ -38,7 +39,8 @@
  * takes it (barrier) or a new one (fenced), and that stream's tiny kernel is
  * timed to its end (ms).
  *
- * With --sample, the dev4k loop runs ITERS more times (default 300000)
+ * With --sample, the dev4k loop runs ITERS more times (default 300000;
+ * --sample-full: the dev4kf loop)
  * under a SIGPROF timer of 1 ms of process CPU time (every thread's), and
  * the sampled program counters are printed per library and, where the
  * dynamic symbol table names one, per function (static functions of a
@@ -51,7 +53,7 @@
  * --smoke makes every count a hundred times smaller (over the test driver,
  * where the figures mean nothing: the run checks that every call succeeds).
  *
- * Usage: cudefer-phases [--smoke] [--sample [ITERS]] [--sample-offsets]
+ * Usage: cudefer-phases [--smoke] [--sample[-full] [ITERS]] [--sample-offsets]
  * Exit status: 0, or 1 when a CUDA call fails.
  */
 #include "gpu.h"
@@ -107,6 +109,18 @@ static void dev4k_once(struct run *r)
     lap(r, 2);
 }
 
+/* dev4k with cudefer-loops' full touch: every word of the block. */
+static void dev4kf_once(struct run *r)
+{
+    CUdeviceptr d;
+    GC_CHECK(cuMemAlloc(&d, 4096));
+    lap(r, 0);
+    GC_CHECK(gc_fill(r->k, r->s, d, 4096));
+    lap(r, 1);
+    GC_CHECK(cuMemFree(d));
+    lap(r, 2);
+}
+
 static void host4k_once(struct run *r)
 {
     CUdeviceptr d;
@@ -143,6 +157,7 @@ struct loop {
 
 static const struct loop loops[] = {
     {"dev4k ", dev4k_once, 1, {"cuMemAlloc", "launch", "cuMemFree", NULL}},
+    {"dev4kf", dev4kf_once, 1, {"cuMemAlloc", "launch", "cuMemFree", NULL}},
     {"host4k", host4k_once, 3,
      {"cuMemAllocHost", "cuMemHostGetDevicePointer", "launch", "cuMemFreeHost"}},
     {"reg4k ", reg4k_once, 3,
@@ -622,7 +637,7 @@ static void print_counts(const char *what, struct count *c, size_t n, size_t top
         printf("  %6lu  %s\n", c[i].n, c[i].name);
 }
 
-static void sample(struct run *r, int iters, bool offsets)
+static void sample(struct run *r, const struct loop *l, int iters, bool offsets)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -634,7 +649,7 @@ static void sample(struct run *r, int iters, bool offsets)
     struct itimerval on = {{0, 1000}, {0, 1000}}, off;
     memset(&off, 0, sizeof off);
     setitimer(ITIMER_PROF, &on, NULL);
-    run_loop(&loops[0], r, iters);
+    run_loop(l, r, iters);
     setitimer(ITIMER_PROF, &off, NULL);
 
     static struct count libs[64], funcs[512], callers[512];
@@ -662,8 +677,8 @@ static void sample(struct run *r, int iters, bool offsets)
             printf("sample-offset %s 0x%lx\n", di.dli_fname,
                    (unsigned long)((char *)samples[i] - (char *)di.dli_fbase));
     }
-    printf("sample: %d samples over %d dev4k iterations (%.0f ns an iteration)\n", (int)nsamples,
-           iters, (double)(r->t[0] + r->t[1] + r->t[2]) / iters);
+    printf("sample: %d samples over %d %s iterations (%.0f ns an iteration)\n", (int)nsamples,
+           iters, l->name, (double)(r->t[0] + r->t[1] + r->t[2]) / iters);
     print_counts("by library", libs, nlibs, 10);
     print_counts("by function", funcs, nfuncs, 25);
     qsort(callers, ncallers, sizeof *callers, by_count);
@@ -674,9 +689,10 @@ static void sample(struct run *r, int iters, bool offsets)
 int main(int argc, char **argv)
 {
     int sample_iters = 0;
-    bool offsets = false;
+    bool offsets = false, full = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--sample") == 0) {
+        if (strcmp(argv[i], "--sample") == 0 || strcmp(argv[i], "--sample-full") == 0) {
+            full = strcmp(argv[i], "--sample-full") == 0;
             sample_iters = 300000;
             if (i + 1 < argc && atoi(argv[i + 1]) > 0)
                 sample_iters = atoi(argv[++i]);
@@ -685,7 +701,8 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--smoke") == 0) {
             N = 30;
         } else {
-            fprintf(stderr, "usage: cudefer-phases [--smoke] [--sample [ITERS]] [--sample-offsets]\n");
+            fprintf(stderr, "usage: cudefer-phases [--smoke] [--sample[-full] [ITERS]] "
+                    "[--sample-offsets]\n");
             return 2;
         }
     }
@@ -702,7 +719,7 @@ int main(int argc, char **argv)
     free_calls(s);
     policies(&k, s);
     if (sample_iters)
-        sample(&r, sample_iters, offsets);
+        sample(&r, &loops[full ? 1 : 0], sample_iters, offsets);
     GC_CHECK(cuStreamDestroy(s));
     free(r.page);
     return 0;
