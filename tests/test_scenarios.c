@@ -2085,6 +2085,50 @@ static void primary_release_waits_for_a_flush(struct marked *m, pthread_t *f, pt
     sleep_ms(50); /* the release waits for the flush's walk */
 }
 
+/* The recipe above, and during the release's wait the program unregisters
+ * pages of the primary context (CUDEFER_REGISTERED=defer: at once, queued in
+ * the slot the release keeps walks out of) and registers them again. The
+ * registration makes that unregister, which the driver makes after the
+ * context's work (the 400 ms kernel), as the driver's own unregister at
+ * the program's call would have waited for. It cannot be made while the
+ * slot is closed; it must be made once the release reopens it, not a
+ * second later when the registration's wait for a change of the pending
+ * ranges times out (it waited the full second: nothing it waited for told
+ * it that the slot was open again). */
+Test(scenarios, registration_over_an_unregister_in_a_released_context_waits_for_the_release,
+     .timeout = 30)
+{
+    setenv("CUDEFER_REGISTERED", "defer", 1);
+    struct marked m = {0};
+    pthread_t f, r;
+    static char page[4096] __attribute__((aligned(4096)));
+    CUcontext primary = test_context();
+    CU_OK(cuMemHostRegister(page, sizeof page, 0));
+    uint64_t start = now_ns();
+    primary_release_waits_for_a_flush(&m, &f, &r);
+    cr_assert_eq(m.primary, primary);
+    CU_OK(cuCtxSetCurrent(m.primary));
+    CU_OK(cuMemHostUnregister(page));
+    uint64_t t0 = now_ns();
+    CUresult rc = cuMemHostRegister(page, sizeof page, 0);
+    uint64_t took = now_ns() - t0, since = now_ns() - start;
+    pthread_join(f, NULL);
+    pthread_join(r, NULL);
+    cr_expect_eq(rc, CUDA_SUCCESS);
+    cr_expect_eq(m.flush_rc, CUDA_SUCCESS);
+    cr_expect_eq(m.release_rc, CUDA_SUCCESS);
+    /* The kernel ends about 450 ms after start; the release right then. */
+    cr_expect_lt(since, 800 * MS, "the registration returned %llu ms after the recipe began "
+                 "(%llu ms in the call): it waited past the release that closed the slot",
+                 (unsigned long long)(since / MS), (unsigned long long)(took / MS));
+    cr_log_info("the registration returned %llu ms after the recipe began (%llu ms in the "
+                "call)", (unsigned long long)(since / MS), (unsigned long long)(took / MS));
+    CU_OK(cuMemHostUnregister(page));
+    CU_OK(cuCtxDestroy(m.other));
+    CU_OK(cuCtxSynchronize());
+    cr_expect_eq(testdrv_dead_context_calls(), 0);
+}
+
 /* Makes ctx current, begins a relaxed capture of a new stream of it (its
  * result in *rc), then sets *capturing. Returns the stream. */
 static CUstream begin_relaxed_capture(CUcontext ctx, CUresult *rc, atomic_int *capturing)

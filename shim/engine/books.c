@@ -29,6 +29,28 @@ static size_t nranges, cap_ranges;
  * ranges_lock). */
 static size_t unnoted;
 
+/* Bumped whenever a pending range may have come within reach: one undone,
+ * a registration's entry back on the books, a closed slot open again
+ * (cd_books_registered_poke). Threads in cd_books_registered_wait are
+ * counted, so that a bump broadcasts only when one waits. */
+static _Atomic unsigned long long ranges_gen;
+static _Atomic int range_waiters;
+
+void cd_books_registered_poke(void)
+{
+    atomic_fetch_add(&ranges_gen, 1);
+    if (atomic_load(&range_waiters)) {
+        pthread_mutex_lock(&ranges_lock);
+        pthread_cond_broadcast(&ranges_cond);
+        pthread_mutex_unlock(&ranges_lock);
+    }
+}
+
+unsigned long long cd_books_registered_gen(void)
+{
+    return atomic_load(&ranges_gen);
+}
+
 static void note_range(uintptr_t lo, uintptr_t hi, int sign)
 {
     struct range want = {lo, hi};
@@ -49,6 +71,7 @@ static void note_range(uintptr_t lo, uintptr_t hi, int sign)
             ranges[i] = ranges[--nranges];
         else if (unnoted)
             unnoted--;
+        atomic_fetch_add(&ranges_gen, 1);
         pthread_cond_broadcast(&ranges_cond);
     }
     pthread_mutex_unlock(&ranges_lock);
@@ -124,13 +147,17 @@ size_t cd_books_registered_ranges(uintptr_t (*out)[2], size_t max)
     return n;
 }
 
-bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms)
+bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms, unsigned long long gen)
 {
     struct timespec until = cd_monotonic_in((uint64_t)ms * 1000000u);
     pthread_mutex_lock(&ranges_lock);
+    /* Counted before the bump is read: a poke after this reads the count
+     * and broadcasts; one before it has bumped the number already. */
+    atomic_fetch_add(&range_waiters, 1);
     int err = 0;
-    while (overlap_locked(lo, hi) && err != ETIMEDOUT)
+    while (overlap_locked(lo, hi) && atomic_load(&ranges_gen) == gen && err != ETIMEDOUT)
         err = pthread_cond_timedwait(&ranges_cond, &ranges_lock, &until);
+    atomic_fetch_sub(&range_waiters, 1);
     bool clear = !overlap_locked(lo, hi);
     pthread_mutex_unlock(&ranges_lock);
     return clear;
@@ -217,6 +244,7 @@ void cd_books_reset(void)
     nranges = 0;
     unnoted = 0;
     atomic_store(&registered_pending, 0);
+    atomic_store(&range_waiters, 0);
     pthread_mutex_init(&transit_lock, NULL);
     cd_cond_init_monotonic(&transit_cond);
     memset(transit_of, 0, sizeof transit_of);
@@ -335,6 +363,7 @@ void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
     /* A registration's range stays pending from its first deferral until
      * its driver unregister is done (cd_books_unregistered), whoever holds
      * the entry meanwhile. */
+    bool again = r->kind == CD_REGISTERED && r->pending;
     if (r->kind == CD_REGISTERED && !r->pending) {
         r->pending = true;
         note_range(r->key, r->key + r->bytes, +1);
@@ -345,6 +374,10 @@ void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
     if (cd_backend((enum cd_kind)r->kind)->reusable && !r->no_reuse)
         bin_add(c, r);
     pthread_mutex_unlock(&c->lock);
+    /* A pending unregister back on the books (a flush held it back): a
+     * registration waiting for its range may take it now. */
+    if (again)
+        cd_books_registered_poke();
 }
 
 bool cd_books_room(struct cd_ctx *c, const struct cd_record *r)

@@ -122,9 +122,17 @@ bool cd_books_registered_overlap(uintptr_t lo, uintptr_t hi);
 /* Copies up to max pending ranges [lo, hi) into out; returns how many. */
 size_t cd_books_registered_ranges(uintptr_t (*out)[2], size_t max);
 /* WAITS (for other threads, not for the GPU) until no pending registration
- * overlaps [lo, hi), at most ms milliseconds: one that another thread's
- * flush holds while the driver unregisters it. True when none does. */
-bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms);
+ * overlaps [lo, hi), at most ms milliseconds, or until the count of
+ * cd_books_registered_gen moves past gen (one may have come within reach):
+ * one that another thread's flush holds while the driver unregisters it,
+ * or one in a slot that a primary release keeps closed. True when none
+ * overlaps. */
+bool cd_books_registered_wait(uintptr_t lo, uintptr_t hi, int ms, unsigned long long gen);
+/* A count that moves whenever a pending range may have come within reach
+ * (one undone, a registration's entry back on the books, a poke). */
+unsigned long long cd_books_registered_gen(void);
+/* A closed slot is open again: its pending unregisters can be made. */
+void cd_books_registered_poke(void);
 /* Whether a pending registration's range could not be noted (no memory for
  * the table): then no overlap can be ruled out. */
 bool cd_books_registered_unnoted(void);

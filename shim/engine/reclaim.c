@@ -685,11 +685,15 @@ static bool flush_registered(struct cd_take take, bool *held)
  * way: then this waits for that range to be done. MAY WAIT for those
  * unregisters. Gives up after ten rounds (a round waits at most 1 s for
  * another thread's unregister, or 5 ms for an ending context's record). */
+#define RELEASE_OVERLAPPING_NS (10ull * 1000000000ull)
+
 static bool release_overlapping(uintptr_t lo, uintptr_t hi)
 {
     struct cd_take only = {.mask = 1u << CD_REGISTERED, .far = UINT64_MAX, .lo = lo, .hi = hi};
     bool any = false;
+    uint64_t until = cd_now_ns() + RELEASE_OVERLAPPING_NS;
     for (int round = 0; cd_books_registered_overlap(lo, hi) && round < 10; round++) {
+        unsigned long long gen = cd_books_registered_gen();
         bool held = false;
         any |= flush_registered(only, &held);
         /* Entries an ending context held back are on the books again:
@@ -699,8 +703,13 @@ static bool release_overlapping(uintptr_t lo, uintptr_t hi)
         if (held)
             continue;
         if (cd_books_in_transit(CD_TRANSIT_ALL, NULL) == 0 ||
-            cd_books_registered_wait(lo, hi, 1000))
+            cd_books_registered_wait(lo, hi, 1000, gen))
             break;
+        /* Woken because one may be within reach now (a slot open again,
+         * an entry back on the books): not a round of waiting, within the
+         * rounds' time. */
+        if (cd_books_registered_gen() != gen && cd_now_ns() < until)
+            round--;
     }
     if (cd_books_registered_overlap(lo, hi))
         cd_log(CD_LOG_ERROR, "a pending unregister of %#lx stays out of reach", (unsigned long)lo);

@@ -219,6 +219,8 @@ static void settle_primary(void)
             active = 1;
         if (active) {
             cd_ctx_reopen(c);
+            /* Registrations waiting for its pending unregisters. */
+            cd_books_registered_poke();
             /* Records other contexts' fences marked for it meanwhile can
              * be made now. */
             cd_waiter_see_marks();
