@@ -86,12 +86,9 @@ void cd_books_unregistered(struct cd_record *r)
     }
 }
 
-bool cd_books_unregistered_later(struct cd_record *r)
+void cd_books_unregistered_later(struct cd_record *r)
 {
-    if (r->kind != CD_REGISTERED || !r->pending)
-        return false;
     r->pending = false;
-    return true;
 }
 
 void cd_books_range_undone(uintptr_t lo, uintptr_t hi)

@@ -107,11 +107,11 @@ bool cd_books_holds(struct cd_ctx *c, unsigned mask);
 /* The driver's unregister of r is done, or its context's destruction undid
  * the registration: its range is no longer pending. */
 void cd_books_unregistered(struct cd_record *r);
-/* r's context is being destroyed, and the destruction undoes r's
- * registration only when it returns: r lets go of its range, which stays
- * pending until cd_books_range_undone(r->key, r->key + r->bytes). False
- * (nothing done) when r holds no pending range. */
-bool cd_books_unregistered_later(struct cd_record *r);
+/* r, a pending registration (r->pending), is in a context being
+ * destroyed, and the destruction undoes it only when it returns: r lets go
+ * of its range, which stays pending until cd_books_range_undone(r->key,
+ * r->key + r->bytes). */
+void cd_books_unregistered_later(struct cd_record *r);
 void cd_books_range_undone(uintptr_t lo, uintptr_t hi);
 
 /* How many pending registrations have been undone so far. */

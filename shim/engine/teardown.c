@@ -25,8 +25,8 @@
  */
 #include "engine.h"
 
-#include "backends.h"
 #include "array.h"
+#include "backends.h"
 #include "books.h"
 #include "capture.h"
 #include "contexts.h"
