@@ -98,27 +98,27 @@ static void lap(struct run *r, int i)
     r->mark = now;
 }
 
-static void dev4k_once(struct run *r)
+/* One dev4k iteration; full: cudefer-loops' full touch (every word of
+ * the block) instead of 16 words. */
+static void dev4k_touching(struct run *r, bool full)
 {
     CUdeviceptr d;
     GC_CHECK(cuMemAlloc(&d, 4096));
     lap(r, 0);
-    GC_CHECK(gc_touch(r->k, r->s, d, 16));
+    GC_CHECK(full ? gc_fill(r->k, r->s, d, 4096) : gc_touch(r->k, r->s, d, 16));
     lap(r, 1);
     GC_CHECK(cuMemFree(d));
     lap(r, 2);
 }
 
-/* dev4k with cudefer-loops' full touch: every word of the block. */
+static void dev4k_once(struct run *r)
+{
+    dev4k_touching(r, false);
+}
+
 static void dev4kf_once(struct run *r)
 {
-    CUdeviceptr d;
-    GC_CHECK(cuMemAlloc(&d, 4096));
-    lap(r, 0);
-    GC_CHECK(gc_fill(r->k, r->s, d, 4096));
-    lap(r, 1);
-    GC_CHECK(cuMemFree(d));
-    lap(r, 2);
+    dev4k_touching(r, true);
 }
 
 static void host4k_once(struct run *r)
