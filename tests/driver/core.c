@@ -332,25 +332,37 @@ bool td_deps_done(const struct td_deps *d)
 
 static bool deps_done_cb(void *arg) { return td_deps_done(arg); }
 
+static bool deps_reach(const struct td_deps *d,
+                       bool (*at_point)(const struct td_stream *s, const void *arg),
+                       bool (*at_op)(const struct td_op *op), const void *arg);
+static bool kernel_op(const struct td_op *op);
+
 void td_wait_deps(const struct td_deps *d)
 {
+    if (!td_deps_done(d) && deps_reach(d, NULL, kernel_op, NULL))
+        td_tls.kernel_waits++;
     td_block_until(deps_done_cb, (void *)d);
 }
 
-bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
+/* Breadth first over the unfinished (stream, seq) points d stands for and
+ * those their unfinished ops wait for, each stream explored once up to the
+ * greatest seq asked of it: true as soon as at_point(stream, arg) answers
+ * true for a point, or at_op(op) for an unfinished op (either may be NULL).
+ * Lock held. */
+static bool deps_reach(const struct td_deps *d,
+                       bool (*at_point)(const struct td_stream *s, const void *arg),
+                       bool (*at_op)(const struct td_op *op), const void *arg)
 {
-    /* Breadth first over (stream, seq) points, each stream explored once
-     * up to the greatest seq asked of it. */
     struct td_deps todo = { 0 }, seen = { 0 };
     for (size_t i = 0; i < d->n; i++)
         td_deps_add(&todo, d->v[i].s, d->v[i].seq);
-    bool foreign = false;
-    for (size_t i = 0; i < todo.n && !foreign; i++) {
+    bool hit = false;
+    for (size_t i = 0; i < todo.n && !hit; i++) {
         struct td_dep p = todo.v[i];
         if (dep_done(&p))
             continue;
-        if (td_ctx_root(p.s->h.ctx) != root) {
-            foreign = true;
+        if (at_point && at_point(p.s, arg)) {
+            hit = true;
             break;
         }
         uint64_t from = 0;
@@ -360,9 +372,13 @@ bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
         if (from >= p.seq)
             continue;
         td_deps_add(&seen, p.s, p.seq);
-        for (struct td_op *op = p.s->head; op && op->seq <= p.seq; op = op->next) {
+        for (struct td_op *op = p.s->head; op && op->seq <= p.seq && !hit; op = op->next) {
             if (op->seq <= from)
                 continue;
+            if (at_op && at_op(op)) {
+                hit = true;
+                break;
+            }
             for (size_t k = 0; k < op->deps.n; k++)
                 if (!dep_done(&op->deps.v[k]))
                     td_deps_add(&todo, op->deps.v[k].s, op->deps.v[k].seq);
@@ -370,7 +386,22 @@ bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
     }
     td_deps_free(&todo);
     td_deps_free(&seen);
-    return foreign;
+    return hit;
+}
+
+static bool foreign_point(const struct td_stream *s, const void *root)
+{
+    return td_ctx_root(s->h.ctx) != root;
+}
+
+bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
+{
+    return deps_reach(d, foreign_point, NULL, root);
+}
+
+static bool kernel_op(const struct td_op *op)
+{
+    return op->kind == TD_OP_KERNEL || op->kind == TD_OP_SPIN;
 }
 
 void td_host_sync(struct td_deps *d)

@@ -237,6 +237,8 @@ TD_EXPORT uint64_t testdrv_thread_wait_calls(void) { return td_tls.wait_calls; }
 
 TD_EXPORT uint64_t testdrv_thread_blocked_ns(void) { return td_tls.blocked_ns; }
 
+TD_EXPORT uint64_t testdrv_thread_kernel_waits(void) { return td_tls.kernel_waits; }
+
 TD_EXPORT uint64_t testdrv_lock_stall_end_ns(void) { return atomic_load(&td_lock_stall_end); }
 
 /* Reads one counter under the lock (the hooks work before cuInit). */

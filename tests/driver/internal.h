@@ -364,6 +364,7 @@ struct td_tls {
     CUstreamCaptureMode mode;  /* cuThreadExchangeStreamCaptureMode */
     uint64_t blocked_ns;
     uint64_t wait_calls;
+    uint64_t kernel_waits; /* waits for work that held an unfinished kernel */
     uint64_t foreign_syncs;
 };
 

@@ -277,6 +277,37 @@ Test(release, cu_launch_kernel_stalls_allocations_do_not_wait, .timeout = 10)
     cr_assert_geq(testdrv_calls("cuLaunchKernel"), 1);
 }
 
+/* testdrv_thread_kernel_waits counts the waits that found a kernel under
+ * way in what they waited for, directly or through another stream's event
+ * that the waited stream waits for; not a wait for frees alone. */
+Test(release, kernel_waits_count_only_waits_for_kernels, .timeout = 10)
+{
+    ctx_setup();
+    CUstream a = stream_new(CU_STREAM_NON_BLOCKING), b = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr q;
+    CUevent ev;
+    CU_OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    uint64_t k0 = testdrv_thread_kernel_waits();
+    CU_OK(cuStreamSynchronize(a)); /* nothing to wait for */
+    CU_OK(cuMemAlloc(&q, 16));
+    CU_OK(cuMemFreeAsync(q, a)); /* the one-time set-up: 10 ms, no kernel */
+    CU_OK(cuStreamSynchronize(a));
+    cr_assert_eq(testdrv_thread_kernel_waits(), k0, "a wait for a free alone counted");
+    CU_OK(testdrv_launch(a, 50000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuStreamSynchronize(a));
+    cr_assert_eq(testdrv_thread_kernel_waits(), k0 + 1, "a wait for a kernel not counted");
+    CU_OK(testdrv_launch(a, 50000, 0, 0, TESTDRV_NONE));
+    CU_OK(cuEventRecord(ev, a));
+    CU_OK(cuStreamWaitEvent(b, ev, 0));
+    CU_OK(cuMemAlloc(&q, 16));
+    CU_OK(cuMemFreeAsync(q, b));
+    CU_OK(cuStreamSynchronize(b)); /* a free behind the other stream's kernel */
+    cr_assert_eq(testdrv_thread_kernel_waits(), k0 + 2, "a wait through an event not counted");
+    CU_OK(cuCtxSynchronize()); /* all done already */
+    cr_assert_eq(testdrv_thread_kernel_waits(), k0 + 2);
+    CU_OK(cuEventDestroy(ev));
+}
+
 /* cuLibraryUnload waits only once one of its kernels was loaded into a
  * context. */
 Test(release, library_unload_waits_only_when_loaded, .timeout = 10)

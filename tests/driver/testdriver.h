@@ -215,6 +215,13 @@ uint64_t testdrv_thread_wait_calls(void);
  * for GPU work or for a lock that a waiting release held. */
 uint64_t testdrv_thread_blocked_ns(void);
 
+/* Waits of the calling thread for GPU work (host synchronisations, waiting
+ * releases) that found an unfinished kernel among what they waited for,
+ * directly or through the waits of the streams it waited for: a wait for
+ * stream-ordered frees or event records alone is not counted, whatever it
+ * took. */
+uint64_t testdrv_thread_kernel_waits(void);
+
 /* The CLOCK_MONOTONIC time, in ns, at which the latest call ended a wait of
  * 1 ms or more for the test driver's own lock (0: none so far). One lock
  * serialises the whole simulation; on an overloaded machine a thread that
