@@ -1078,6 +1078,33 @@ Test(scenarios, sync_memops_stays_with_the_released_pinned_block, .timeout = 10)
     cr_expect_eq(sync_memops(allocated_after(TESTDRV_HOST, MIB, set_sync_memops)), 0);
 }
 
+/* The program's mistake: it sets state on a block it has released. The
+ * driver alone would refuse (the block is gone); with cudefer the driver
+ * still holds the block and answers, so the block must not serve a later
+ * allocation with what was set (fuzz_api found SYNC_MEMOPS 1 on a new
+ * block). */
+static uintptr_t allocated_after_setting_on_the_released(enum testdrv_kind kind, size_t bytes,
+                                                         void (*set)(uintptr_t p, size_t bytes))
+{
+    test_context();
+    uintptr_t p = block_new(kind, bytes);
+    block_free(kind, p);
+    sleep_ms(50); /* its fence has passed: it could serve the next one */
+    set(p, bytes);
+    return block_new(kind, bytes);
+}
+
+Test(scenarios, state_set_on_a_released_block_reaches_no_later_one, .timeout = 10)
+{
+    uintptr_t d = allocated_after_setting_on_the_released(TESTDRV_DEVICE, MIB, set_sync_memops);
+    cr_expect_eq(sync_memops(d), 0, "a new device block answers SYNC_MEMOPS 1");
+    uintptr_t h = allocated_after_setting_on_the_released(TESTDRV_HOST, MIB, set_sync_memops);
+    cr_expect_eq(sync_memops(h), 0, "a new pinned block answers SYNC_MEMOPS 1");
+    uintptr_t m = allocated_after_setting_on_the_released(TESTDRV_MANAGED, 2 * MIB, advise);
+    cr_expect_eq(range_int(m, 2 * MIB, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), 0,
+                 "a new managed block is read-mostly");
+}
+
 /* A dma-buf of a block may be mapped by another device or process (an RDMA
  * NIC, another GPU): like an IPC handle, the block is never handed out
  * again, device and pinned memory alike. */

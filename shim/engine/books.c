@@ -368,7 +368,7 @@ void cd_books_defer(struct cd_ctx *c, struct cd_record *r)
     pthread_mutex_lock(&c->lock);
     account(c, r, +1);
     cd_list_append(&c->deferred, &r->age);
-    if (cd_backend((enum cd_kind)r->kind)->reusable && !r->no_reuse)
+    if (cd_backend((enum cd_kind)r->kind)->reusable && !atomic_load(&r->no_reuse))
         bin_add(c, r);
     pthread_mutex_unlock(&c->lock);
     /* A pending unregister back on the books (a flush held it back): a
@@ -553,7 +553,7 @@ struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t byt
     *depth = b ? b->n : 0;
     for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
-        if (!r->claimed && r->done && r->key < max_key) {
+        if (!r->claimed && r->done && r->key < max_key && !atomic_load(&r->no_reuse)) {
             found = r;
             r->claimed = true;
             c->claims++;

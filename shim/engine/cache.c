@@ -240,6 +240,10 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         struct cd_record *r;
         CUresult own;
         CUresult q = claim(c, a, &r, &held, &own);
+        /* Barred since the claim (the program set state on the block it
+         * had released): not handed out. */
+        if (q == CUDA_SUCCESS && atomic_load(&r->no_reuse))
+            q = CUDA_ERROR_NOT_FOUND;
         if (q == CUDA_SUCCESS) {
             r->debtor = 0;
             cd_books_take(c, r);

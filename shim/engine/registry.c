@@ -183,8 +183,8 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
     return res;
 }
 
-/* The state of the record of (cls, key), or -1; with bar_reuse, a LIVE one
- * is marked no_reuse and *bytes is its size. */
+/* The state of the record of (cls, key), or -1; with bar_reuse, a LIVE or
+ * RETIRED one is marked no_reuse and *bytes is its size. */
 static int peek(enum cd_kind cls, uintptr_t key, bool bar_reuse, size_t *bytes)
 {
     uint64_t h = hash(cls, key);
@@ -192,8 +192,8 @@ static int peek(enum cd_kind cls, uintptr_t key, bool bar_reuse, size_t *bytes)
     pthread_mutex_lock(&s->lock);
     struct cd_record *r = s->bucket ? *find(s, h, cls, key) : NULL;
     int state = r ? r->state : -1;
-    if (r && bar_reuse && state == CD_LIVE) {
-        r->no_reuse = true;
+    if (r && bar_reuse && (state == CD_LIVE || state == CD_RETIRED)) {
+        atomic_store(&r->no_reuse, true);
         *bytes = r->bytes;
     }
     pthread_mutex_unlock(&s->lock);

@@ -55,9 +55,11 @@ struct cd_record {
     uint8_t state;               /* enum cd_record_state, under the shard lock */
     bool linked;                 /* in the registry, under the shard lock */
     bool claimed;                /* a reuse is looking at it (context lock) */
-    bool no_reuse;               /* never serves another allocation: it was
+    _Atomic bool no_reuse;       /* never serves another allocation: it was
                                     exported (IPC, dma-buf), or the program
-                                    set state on it (cd_block_altered) */
+                                    set state on it (cd_block_altered), even
+                                    after its release (set under the shard
+                                    lock, read anywhere) */
     bool pending;                /* a registration whose range is pending (books.c) */
     bool kept;                   /* a flush leaves it for reuse (books.c, context lock) */
 };
@@ -89,8 +91,9 @@ enum cd_retire_result cd_registry_retire(enum cd_kind cls, uintptr_t key, struct
 /* Whether the record of class cls and key is RETIRED. */
 bool cd_registry_is_retired(enum cd_kind cls, uintptr_t key);
 
-/* Marks the LIVE record of class cls and key never to serve another
- * allocation (no_reuse); returns its size, or 0 when there is none. */
+/* Marks the LIVE or RETIRED record of class cls and key never to serve
+ * another allocation (no_reuse); returns its size, or 0 when there is
+ * none. */
 size_t cd_registry_bar_reuse(enum cd_kind cls, uintptr_t key);
 
 /* Puts a RETIRED record back to LIVE (it serves an allocation again). */

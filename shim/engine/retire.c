@@ -259,7 +259,7 @@ static bool fence_and_place(struct cd_ctx *c, struct cd_record *r, CUresult *rc)
     cd_log(CD_LOG_DEBUG, "%s %#lx deferred%s", cd_kind_name((enum cd_kind)r->kind),
            (unsigned long)r->key, fenced ? "" : " (a capture is live: fenced when it ends)");
     bool free_now = b->stream_ordered && fenced &&
-                    (r->no_reuse || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
+                    (atomic_load(&r->no_reuse) || cd_option_int(CD_OPT_DEVICE_CACHE) == 0);
     /* Not before the other contexts' records have passed (fence.h): until
      * then it waits on the books, and the waiter frees it (cd_retire_evict). */
     if (free_now && cd_gate_enter()) {
