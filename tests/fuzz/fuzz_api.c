@@ -175,6 +175,8 @@ struct mobj {
     enum ostate state;
     bool readonly;
     bool loaded;  /* a library loaded into a context (cuKernelGetFunction) that lives */
+    bool unseen;  /* allocated by a call cudefer does not see: its release is the
+                     driver's own, which waits (README, limits) */
     /* registered memory: an event recorded after each kernel that wrote
      * it, per stream (the context the event belongs to: ev_ctx) */
     CUevent ev[4];
@@ -1619,6 +1621,11 @@ static void op_release(struct input *in)
         others_wait_for_me(live && live->kind == K_REGISTERED ? live->ctx : -1, -1);
         got = do_release(call, key);
         others_done(rcall_names[call]);
+    } else if (live && live->unseen && key == live->key) {
+        /* Memory cudefer never saw allocated: the driver's own release,
+         * which waits for its context's work, as without cudefer. */
+        spin_stop();
+        got = do_release(call, key);
     } else {
         /* The release of a live object must not reach a waiting call of the
          * driver; anything else (NULL, errors, the unload of a library not
@@ -1713,7 +1720,9 @@ static void op_alter(struct input *in)
  * cuExternalMemoryGetMappedBuffer or cuMemPoolImportPointer would), the
  * address of a device block that its context's teardown freed, in the
  * current context: a live object of the program's, which op_release frees
- * with cuMemFree like any (the shim's tomb there must not answer for it). */
+ * with cuMemFree like any (the shim's tomb there must not answer for it);
+ * that release is the driver's own and may wait (memory the shim did not
+ * see allocated: README, limits). */
 static void op_unseen(struct input *in)
 {
     unsigned t = u8(in);
@@ -1728,8 +1737,10 @@ static void op_unseen(struct input *in)
     touched_dead = true; /* the address was a destroyed context's */
     CUresult rc = testdrv_map_device_at((CUdeviceptr)key, bytes);
     TRACE("  testdrv_map_device_at(%#lx, %zu) -> %d", (unsigned long)key, bytes, (int)rc);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
         add_obj(K_DEVICE, key, bytes, slot, false);
+        objs[nobjs - 1].unseen = true;
+    }
 }
 
 /* ---- green contexts -------------------------------------------------------- */
