@@ -97,8 +97,9 @@ void cd_free_async_done(CUdeviceptr ptr);
  * (measured: DESIGN.md, section 1.4). Each such block cudefer tracks never
  * serves another allocation: once released it goes back to the driver,
  * fenced (one the program had released already too: the driver, which
- * still holds it, answered the call). Where ptr is not the start of a block cudefer tracks, asks the
- * driver where the allocation holding it starts. Does not wait. */
+ * still holds it, answered the call). Where ptr is not the start of a
+ * block cudefer tracks, asks the driver where the allocation holding it
+ * starts. Does not wait. */
 void cd_block_altered(CUdeviceptr ptr, size_t bytes);
 
 /* cuMemGetInfo succeeded with *free bytes free of total: adds the device

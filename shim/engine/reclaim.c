@@ -684,7 +684,10 @@ static bool flush_registered(struct cd_take take, bool *held)
  * a moment in another thread's flush, whose driver unregister is under
  * way: then this waits for that range to be done. MAY WAIT for those
  * unregisters. Gives up after ten rounds (a round waits at most 1 s for
- * another thread's unregister, or 5 ms for an ending context's record). */
+ * another thread's unregister, or 5 ms for an ending context's record);
+ * a round cut short because a range may have come within reach (a slot
+ * open again, an entry back on the books) does not count, within ten
+ * seconds. */
 #define RELEASE_OVERLAPPING_NS (10ull * 1000000000ull)
 
 static bool release_overlapping(uintptr_t lo, uintptr_t hi)
