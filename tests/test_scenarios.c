@@ -255,6 +255,30 @@ Test(scenarios, registration_makes_only_the_unregister_it_overlaps, .timeout = 2
  * as it does without cudefer. Allocations of half the buffer (the
  * process may have mapped a page at the top of the hole since) that land
  * elsewhere are kept until one lands there. */
+/* Pinned or managed allocations of half of the freed [p, p + bytes) (the
+ * process may have mapped a page at the top of the hole since), kept until
+ * one lands there, eight at most: each must succeed (when: the moment, for
+ * the message). Releases them. */
+static void allocate_over_freed_pages(void *p, size_t bytes, bool managed, const char *when)
+{
+    enum { TRIES = 8 };
+    void *got[TRIES];
+    int n = 0, over = 0;
+    for (; n < TRIES && !over; n++) {
+        CUdeviceptr m = 0;
+        CUresult rc = managed ? cuMemAllocManaged(&m, bytes / 2, CU_MEM_ATTACH_GLOBAL)
+                              : cuMemAllocHost(&got[n], bytes / 2);
+        cr_assert_eq(rc, CUDA_SUCCESS, "%s allocation %d %s: %d", managed ? "managed" : "pinned",
+                     n + 1, when, (int)rc);
+        if (managed)
+            got[n] = (void *)(uintptr_t)m;
+        over = (char *)got[n] < (char *)p + bytes && (char *)p < (char *)got[n] + bytes / 2;
+    }
+    cr_expect(over, "no allocation landed on the freed buffer's addresses (%d tries)", n);
+    for (int i = 0; i < n; i++)
+        CU_OK(managed ? cuMemFree((CUdeviceptr)(uintptr_t)got[i]) : cuMemFreeHost(got[i]));
+}
+
 static void allocate_over_freed_registration(bool managed)
 {
     test_context();
@@ -266,22 +290,8 @@ static void allocate_over_freed_registration(bool managed)
     CU_OK(testdrv_launch(s, 1000, (CUdeviceptr)(uintptr_t)p, bytes, TESTDRV_WRITE));
     CU_OK(cuMemHostUnregister(p));
     munmap(p, bytes);
-    enum { TRIES = 8 };
-    void *got[TRIES];
-    int n = 0, over = 0;
-    for (; n < TRIES && !over; n++) {
-        CUdeviceptr m = 0;
-        CUresult rc = managed ? cuMemAllocManaged(&m, bytes / 2, CU_MEM_ATTACH_GLOBAL)
-                              : cuMemAllocHost(&got[n], bytes / 2);
-        cr_assert_eq(rc, CUDA_SUCCESS, "allocation %d after the program freed its unregistered "
-                     "buffer: %d", n + 1, (int)rc);
-        if (managed)
-            got[n] = (void *)(uintptr_t)m;
-        over = (char *)got[n] < (char *)p + bytes && (char *)p < (char *)got[n] + bytes / 2;
-    }
-    cr_expect(over, "no allocation landed on the freed buffer's addresses (%d tries)", n);
-    for (int i = 0; i < n; i++)
-        CU_OK(managed ? cuMemFree((CUdeviceptr)(uintptr_t)got[i]) : cuMemFreeHost(got[i]));
+    allocate_over_freed_pages(p, bytes, managed, "after the program freed its unregistered "
+                              "buffer");
     CU_OK(cuCtxSynchronize());
     cr_expect_eq(program_live(TESTDRV_REGISTERED), 0);
     cr_expect_eq(testdrv_faults(), 0);
@@ -382,27 +392,15 @@ static void reuse_pages_during_teardown(bool unmap)
     while (!atomic_load(&d.started))
         sleep_ms(1);
     sleep_ms(50); /* the destruction waits for the kernel */
-    CUresult rc;
     if (!unmap) {
-        rc = cuMemHostRegister(p, bytes, 0);
+        CUresult rc = cuMemHostRegister(p, bytes, 0);
         cr_expect_eq(rc, CUDA_SUCCESS, "registering the pages again while the context that "
                      "held them ends: %d", (int)rc);
         if (rc == CUDA_SUCCESS)
             CU_OK(cuMemHostUnregister(p));
     } else {
-        /* Half the range, till one lands on the freed pages. */
-        CUdeviceptr got[8];
-        int n = 0, over = 0;
-        for (; n < 8 && !over; n++) {
-            rc = cuMemAllocManaged(&got[n], bytes / 2, CU_MEM_ATTACH_GLOBAL);
-            cr_assert_eq(rc, CUDA_SUCCESS, "managed allocation %d while the context of a "
-                         "freed buffer's registration ends: %d", n + 1, (int)rc);
-            over = (char *)(uintptr_t)got[n] < (char *)p + bytes &&
-                   (char *)p < (char *)(uintptr_t)got[n] + bytes / 2;
-        }
-        cr_expect(over, "no allocation landed on the freed buffer's addresses (%d tries)", n);
-        for (int i = 0; i < n; i++)
-            CU_OK(cuMemFree(got[i]));
+        allocate_over_freed_pages(p, bytes, true, "while the context of the freed buffer's "
+                                  "registration ends");
     }
     pthread_join(t, NULL);
     CU_OK(d.rc);

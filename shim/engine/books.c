@@ -81,8 +81,7 @@ void cd_books_unregistered(struct cd_record *r)
 {
     if (r->kind == CD_REGISTERED && r->pending) {
         r->pending = false;
-        note_range(r->key, r->key + r->bytes, -1);
-        atomic_fetch_add(&unregisters_done, 1);
+        cd_books_range_undone(r->key, r->key + r->bytes);
     }
 }
 
