@@ -1954,18 +1954,20 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             struct series s = collect(&jobs[i][t][m], "loop", "row", r->id, "peak_dev_bytes");
             fmt_bytes(mem[m], sizeof mem[m], stats(s, &med, &lo, &hi) ? hi : -1);
         }
-        char reused_s[32] = "-", looks[160] = "-";
+        char reused_s[32] = "-", looks[224] = "-";
         if (reused >= 0)
             snprintf(reused_s, sizeof reused_s, "%.0f", reused);
         /* How its looks at released blocks were answered, and its waits
          * for one (where the reuse's time goes). */
         double words = report_number(cd->report, "reuse_word_answers");
         double queries = report_number(cd->report, "reuse_fence_queries");
+        double lags = report_number(cd->report, "reuse_word_lags");
         double waits = report_number(cd->report, "reuse_waits");
         double wait_ms = report_number(cd->report, "reuse_wait_ms");
-        if (words >= 0 && queries >= 0 && waits >= 0 && wait_ms >= 0)
-            snprintf(looks, sizeof looks, "%.0f by the fences' words, %.0f by an event query; "
-                     "%.0f waits for a block (%.3f ms)", words, queries, waits, wait_ms);
+        if (words >= 0 && queries >= 0 && lags >= 0 && waits >= 0 && wait_ms >= 0)
+            snprintf(looks, sizeof looks, "%.0f by the fences' words, %.0f by an event query, "
+                     "%.0f by a new block (the word's write on its way); %.0f waits for a block "
+                     "(%.3f ms)", words, queries, lags, waits, wait_ms);
         printf("- %s: cudefer reused %s blocks (looks answered: %s), flushes: %s; device memory "
                "%s / %s / %s / %s / %s\n",
                r->id, reused_s, looks, flushes, mem[MODE_NONE], mem[MODE_CUDEFER],

@@ -120,7 +120,8 @@ static void print_text(void)
                "the wait's bound); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
                "thread released); looks at released blocks the fences' words answered: %llu, "
-               "the driver answered: %llu; "
+               "the driver answered: %llu, a new block instead (the word's write on its "
+               "way): %llu; "
                "unregisters that waited: %llu (%.3f ms; %llu then made with the driver's "
                "own call: another context's work still ran, or a capture kept its record from "
                "being made)\n",
@@ -130,6 +131,7 @@ static void print_text(void)
                (unsigned long long)cd_stats.debt_waits,
                (unsigned long long)cd_stats.word_answers,
                (unsigned long long)cd_stats.fence_queries,
+               (unsigned long long)cd_stats.word_lags,
                (unsigned long long)cd_stats.unregister_waits,
                (double)cd_stats.unregister_wait_ns / 1e6,
                (unsigned long long)cd_stats.unregister_passed);
@@ -247,6 +249,7 @@ static void write_json(const char *path)
             "  \"oom_flushes_without_other_contexts\": %llu,\n"
             "  \"reuse_waits\": %llu,\n  \"reuse_wait_ms\": %.3f,\n  \"reuse_waits_own\": %llu,\n"
             "  \"reuse_word_answers\": %llu,\n  \"reuse_fence_queries\": %llu,\n"
+            "  \"reuse_word_lags\": %llu,\n"
             "  \"unregister_waits\": %llu,\n  \"unregister_wait_ms\": %.3f,\n"
             "  \"unregisters_by_the_driver\": %llu,\n"
             "  \"peak_deferred_bytes\": %lld,\n  \"peak_cached_device_bytes\": %lld,\n"
@@ -258,6 +261,7 @@ static void write_json(const char *path)
             (unsigned long long)cd_stats.debt_waits,
             (unsigned long long)cd_stats.word_answers,
             (unsigned long long)cd_stats.fence_queries,
+            (unsigned long long)cd_stats.word_lags,
             (unsigned long long)cd_stats.unregister_waits,
             (double)cd_stats.unregister_wait_ns / 1e6,
             (unsigned long long)cd_stats.unregister_passed, (long long)cd_stats.peak_deferred_bytes,

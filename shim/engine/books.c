@@ -337,6 +337,7 @@ static void bin_add(struct cd_ctx *c, struct cd_record *r)
     }
     cd_list_append(&(*link)->list, &r->bin);
     (*link)->n++;
+    (*link)->refilled = true;
 }
 
 static void bin_remove(struct cd_ctx *c, struct cd_record *r)
@@ -544,12 +545,16 @@ size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out)
 }
 
 struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
-                                 unsigned flags, uintptr_t max_key, size_t *depth)
+                                 unsigned flags, uintptr_t max_key, size_t *depth,
+                                 bool *refilled)
 {
     struct cd_record *found = NULL;
     pthread_mutex_lock(&c->lock);
     struct cd_bin *b = *bin_link(c, kind, bytes, flags);
     *depth = b ? b->n : 0;
+    *refilled = b && b->refilled;
+    if (b)
+        b->refilled = false;
     for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
         if (!r->claimed && r->done && r->key < max_key && !atomic_load(&r->no_reuse)) {

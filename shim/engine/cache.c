@@ -62,6 +62,30 @@ static size_t depth(size_t bytes)
     return bytes <= ((size_t)16 << 20) ? 2 : 1;
 }
 
+/* While the fences' word trails the GPU (fence.h: a write is asked for
+ * once four numbers wait, and lands only after the work submitted before
+ * the asking, a few iterations later than the block's own fence), a look
+ * at the oldest small device block of a loop finds the word behind it
+ * about half the time, and its event query, with the GPU running behind,
+ * costs a quarter of a 4 KiB iteration (bench/RESULTS.md, runs 58 and
+ * 117). So when the write that will answer for the block is already on its
+ * way, a small device bin that a release refilled since the last look
+ * (a loop: a run of allocations that empties the bin, as after a
+ * synchronisation, asks as before), holding fewer than GROW_BLOCKS blocks
+ * (GROW_BYTES in all), takes a new block from the driver instead of
+ * asking: the rotation grows until its oldest block is one the word has
+ * passed, once, and later looks need no driver call. The event is asked as
+ * before when no write covers the block (the GPU may be idle: a query then
+ * costs 0.3 us, a new block 40), and in a bin that has grown that far. */
+#define GROW_BLOCKS 16
+#define GROW_BYTES ((size_t)1 << 20)
+
+static bool may_grow(const struct cd_alloc *a, size_t held, bool refilled)
+{
+    return a->kind == CD_DEVICE && refilled && held < GROW_BLOCKS &&
+           (held + 1) * a->bytes <= GROW_BYTES;
+}
+
 /* ---- what an allocation costs ---------------------------------------------- */
 
 /* The measured duration of an allocation, per kind and power of two of its
@@ -121,15 +145,22 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 
 /* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
  * CUDA_ERROR_NOT_READY, or the event's error. The word (fence.h) answers
- * without a driver call when it is there; else the word is asked for, for
- * the looks to come, and the event is queried. Inside the capture gate. */
-static CUresult own_part(struct cd_ctx *c, const struct cd_record *r)
+ * without a driver call when it is there; else, when grow and the write
+ * that will answer is on its way, NOT_READY and *lags (a new block serves,
+ * above); else the word is asked for, for the looks to come, and the event
+ * is queried. Inside the capture gate. */
+static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow, bool *lags)
 {
     if (!r->done)
         return CUDA_SUCCESS;
     if (cd_fence_word_passed(c, r->word)) {
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
         return CUDA_SUCCESS;
+    }
+    if (grow && cd_fence_word_coming(c, r->word)) {
+        atomic_fetch_add_explicit(&cd_stats.word_lags, 1, memory_order_relaxed);
+        *lags = true;
+        return CUDA_ERROR_NOT_READY;
     }
     cd_fence_word_ask(c);
     atomic_fetch_add_explicit(&cd_stats.fence_queries, 1, memory_order_relaxed);
@@ -140,18 +171,21 @@ static CUresult own_part(struct cd_ctx *c, const struct cd_record *r)
  * (an event query from a thread in the global capture mode would invalidate
  * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
  * CUDA_ERROR_NOT_READY, or another code when there is none; *own: the
- * same for its own context's part alone. */
+ * same for its own context's part alone; *lags: NOT_READY because the
+ * word trails and a new block should serve (own_part). */
 static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_record **r,
-                      size_t *held, CUresult *own)
+                      size_t *held, CUresult *own, bool *lags)
 {
     *r = NULL;
     *own = CUDA_ERROR_NOT_FOUND;
+    *lags = false;
     if (!cd_gate_enter())
         return CUDA_ERROR_NOT_FOUND;
     CUresult q = CUDA_ERROR_NOT_FOUND;
-    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held);
+    bool refilled;
+    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held, &refilled);
     if (*r) {
-        *own = own_part(c, *r);
+        *own = own_part(c, *r, may_grow(a, *held, refilled), lags);
         q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
     }
     cd_gate_exit();
@@ -239,7 +273,8 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         size_t held = 0;
         struct cd_record *r;
         CUresult own;
-        CUresult q = claim(c, a, &r, &held, &own);
+        bool lags;
+        CUresult q = claim(c, a, &r, &held, &own, &lags);
         /* Barred since the claim (the program set state on the block it
          * had released): not handed out. */
         if (q == CUDA_SUCCESS && atomic_load(&r->no_reuse))
@@ -259,7 +294,7 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
             cd_ctx_exit(c);
             break;
         }
-        uint64_t ns = q == CUDA_ERROR_NOT_READY ? next_nap(a, r, held, own, &w) : 0;
+        uint64_t ns = q == CUDA_ERROR_NOT_READY && !lags ? next_nap(a, r, held, own, &w) : 0;
         if (r)
             cd_books_unclaim(c, r);
         cd_ctx_exit(c);
