@@ -1966,7 +1966,7 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
         double wait_ms = report_number(cd->report, "reuse_wait_ms");
         if (words >= 0 && queries >= 0 && lags >= 0 && waits >= 0 && wait_ms >= 0)
             snprintf(looks, sizeof looks, "%.0f by the fences' words, %.0f by an event query, "
-                     "%.0f by a new block (the word's write on its way); %.0f waits for a block "
+                     "%.0f by a new block (the bin grew); %.0f waits for a block "
                      "(%.3f ms)", words, queries, lags, waits, wait_ms);
         printf("- %s: cudefer reused %s blocks (looks answered: %s), flushes: %s; device memory "
                "%s / %s / %s / %s / %s\n",

@@ -120,8 +120,8 @@ static void print_text(void)
                "the wait's bound); "
                "waits for a reusable block: %llu (%.3f ms; %llu for a managed block the same "
                "thread released); looks at released blocks the fences' words answered: %llu, "
-               "the driver answered: %llu, a new block instead (the word's write on its "
-               "way): %llu; "
+               "the driver answered: %llu, a new block instead (a small bin of a loop "
+               "grew): %llu; "
                "unregisters that waited: %llu (%.3f ms; %llu then made with the driver's "
                "own call: another context's work still ran, or a capture kept its record from "
                "being made)\n",

@@ -337,7 +337,7 @@ static void bin_add(struct cd_ctx *c, struct cd_record *r)
     }
     cd_list_append(&(*link)->list, &r->bin);
     (*link)->n++;
-    (*link)->refilled = true;
+    (*link)->refilled = (*link)->looked;
 }
 
 static void bin_remove(struct cd_ctx *c, struct cd_record *r)
@@ -553,8 +553,10 @@ struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t byt
     struct cd_bin *b = *bin_link(c, kind, bytes, flags);
     *depth = b ? b->n : 0;
     *refilled = b && b->refilled;
-    if (b)
+    if (b) {
         b->refilled = false;
+        b->looked = true;
+    }
     for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
         if (!r->claimed && r->done && r->key < max_key && !atomic_load(&r->no_reuse)) {

@@ -92,7 +92,8 @@ size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out);
  * leave it alone, until cd_books_take or cd_books_unclaim. *depth is how
  * many blocks that bin holds; *refilled whether a block came into it since
  * the claim before (a loop that releases what it allocates, rather than a
- * run of allocations that empties the bin). NULL when there is none. */
+ * run of allocations, or the first after a run of releases). NULL when
+ * there is none. */
 struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
                                  unsigned flags, uintptr_t max_key, size_t *depth,
                                  bool *refilled);

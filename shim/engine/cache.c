@@ -63,20 +63,23 @@ static size_t depth(size_t bytes)
 }
 
 /* While the fences' word trails the GPU (fence.h: a write is asked for
- * once four numbers wait, and lands only after the work submitted before
- * the asking, a few iterations later than the block's own fence), a look
- * at the oldest small device block of a loop finds the word behind it
- * about half the time, and its event query, with the GPU running behind,
- * costs a quarter of a 4 KiB iteration (bench/RESULTS.md, runs 58 and
- * 117). So when the write that will answer for the block is already on its
- * way, a small device bin that a release refilled since the last look
- * (a loop: a run of allocations that empties the bin, as after a
- * synchronisation, asks as before), holding fewer than GROW_BLOCKS blocks
- * (GROW_BYTES in all), takes a new block from the driver instead of
- * asking: the rotation grows until its oldest block is one the word has
- * passed, once, and later looks need no driver call. The event is asked as
- * before when no write covers the block (the GPU may be idle: a query then
- * costs 0.3 us, a new block 40), and in a bin that has grown that far. */
+ * once four numbers wait and the one before has landed, and lands only
+ * after the work submitted before the asking), a look at the oldest small
+ * device block of a loop that keeps three or four blocks in rotation finds
+ * the word behind it about half the time (three quarters in the light
+ * loop), and its event query, with the GPU running behind, costs a quarter
+ * of a 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118). So when
+ * the word does not answer in a small device bin that a release refilled
+ * since the last look (a loop; a run of allocations, or the first look
+ * after a run of releases, as on an idle GPU after a synchronisation, asks
+ * as before), holding fewer than
+ * GROW_BLOCKS blocks (GROW_BYTES in all), the allocation asks for the
+ * word's write and takes a new block from the driver instead of querying
+ * the event: the rotation grows, once, until its oldest block is one the
+ * word has passed, and later looks need no driver call. Each new block
+ * costs an allocation (40 us at 4 KiB), each query it spares 0.3 to
+ * 1.6 us; a bin that has grown that far, or holds larger blocks, asks the
+ * event as before. */
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
 
@@ -145,10 +148,10 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 
 /* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
  * CUDA_ERROR_NOT_READY, or the event's error. The word (fence.h) answers
- * without a driver call when it is there; else, when grow and the write
- * that will answer is on its way, NOT_READY and *lags (a new block serves,
- * above); else the word is asked for, for the looks to come, and the event
- * is queried. Inside the capture gate. */
+ * without a driver call when it is there; else the word is asked for, for
+ * the looks to come, and, when grow (and r has a number in the word),
+ * NOT_READY and *lags (a new block serves, above), else the event is
+ * queried. Inside the capture gate. */
 static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow, bool *lags)
 {
     if (!r->done)
@@ -157,12 +160,12 @@ static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow,
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
         return CUDA_SUCCESS;
     }
-    if (grow && cd_fence_word_coming(c, r->word)) {
+    cd_fence_word_ask(c);
+    if (grow && r->word && c->word) {
         atomic_fetch_add_explicit(&cd_stats.word_lags, 1, memory_order_relaxed);
         *lags = true;
         return CUDA_ERROR_NOT_READY;
     }
-    cd_fence_word_ask(c);
     atomic_fetch_add_explicit(&cd_stats.fence_queries, 1, memory_order_relaxed);
     return cd_driver_ops()->event_query(r->done);
 }

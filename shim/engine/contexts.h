@@ -55,6 +55,7 @@ struct cd_bin {
     size_t bytes;
     unsigned flags;
     size_t n;
+    bool looked;         /* a claim has looked at it */
     bool refilled;       /* a block came in since the last claim */
     struct cd_link list; /* records, by their bin link */
 };

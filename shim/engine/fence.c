@@ -80,14 +80,6 @@ bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word)
     return (int32_t)(seen - word) >= 0;
 }
 
-bool cd_fence_word_coming(const struct cd_ctx *c, uint32_t word)
-{
-    if (!word || !c->word)
-        return false;
-    uint32_t asked = atomic_load_explicit(&c->word_asked, memory_order_acquire);
-    return (int32_t)(asked - word) >= 0;
-}
-
 /* Numbers given since the last write before a look asks for the next one.
  * Measured on an H200 (bench/RESULTS.md, run 66: the 4 KiB loop rows, two
  * rounds of each way in turn; cudefer / the pool): asking whenever the

@@ -94,10 +94,6 @@ bool cd_fence_word_passed(const struct cd_ctx *c, uint32_t word);
  * write, that write has not landed yet, or another thread is asking. c
  * entered, its context current, inside the capture gate. Does not wait. */
 void cd_fence_word_ask(struct cd_ctx *c);
-/* Whether a write of c's word that will say the fence numbered word has
- * passed is on its way (asked for, whether or not it has landed). Reads
- * memory only. */
-bool cd_fence_word_coming(const struct cd_ctx *c, uint32_t word);
 /* Whether the other contexts' part of a fence made in c has passed; looks
  * at their newest records (queries). Does not wait. */
 bool cd_fence_far_passed(struct cd_ctx *c, uint64_t far);
