@@ -9,6 +9,7 @@
 #include "stats.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -546,14 +547,16 @@ size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out)
 
 struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
                                  unsigned flags, uintptr_t max_key, size_t *depth,
-                                 bool *refilled)
+                                 unsigned *streak)
 {
     struct cd_record *found = NULL;
     pthread_mutex_lock(&c->lock);
     struct cd_bin *b = *bin_link(c, kind, bytes, flags);
     *depth = b ? b->n : 0;
-    *refilled = b && b->refilled;
+    *streak = 0;
     if (b) {
+        b->streak = b->refilled ? b->streak + (b->streak < UINT_MAX) : 0;
+        *streak = b->streak;
         b->refilled = false;
         b->looked = true;
     }

@@ -69,23 +69,24 @@ static size_t depth(size_t bytes)
  * the word behind it about half the time (three quarters in the light
  * loop), and its event query, with the GPU running behind, costs a quarter
  * of a 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118). So when
- * the word does not answer in a small device bin that a release refilled
- * since the last look (a loop; a run of allocations, or the first look
- * after a run of releases, as on an idle GPU after a synchronisation, asks
- * as before), holding fewer than
- * GROW_BLOCKS blocks (GROW_BYTES in all), the allocation asks for the
+ * the word does not answer in a small device bin of a loop (a release
+ * refilled it before each of its last GROW_AFTER looks), holding fewer
+ * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation asks for the
  * word's write and takes a new block from the driver instead of querying
- * the event: the rotation grows, once, until its oldest block is one the
- * word has passed, and later looks need no driver call. Each new block
- * costs an allocation (40 us at 4 KiB), each query it spares 0.3 to
- * 1.6 us; a bin that has grown that far, or holds larger blocks, asks the
- * event as before. */
+ * the event: the rotation grows, once, until the word answers all but one
+ * look in as many as the bin holds (a write is asked for only by a look it
+ * could not answer). Each new block costs an allocation (40 us at 4 KiB),
+ * each query it spares 0.3 to 1.6 us: a short loop, as between a training
+ * step's synchronisations (which give the blocks back), a run of
+ * allocations, a bin that has grown that far, or one of larger blocks,
+ * asks the event as before. */
+#define GROW_AFTER 16
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
 
-static bool may_grow(const struct cd_alloc *a, size_t held, bool refilled)
+static bool may_grow(const struct cd_alloc *a, size_t held, unsigned streak)
 {
-    return a->kind == CD_DEVICE && refilled && held < GROW_BLOCKS &&
+    return a->kind == CD_DEVICE && streak >= GROW_AFTER && held < GROW_BLOCKS &&
            (held + 1) * a->bytes <= GROW_BYTES;
 }
 
@@ -156,11 +157,13 @@ static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow,
 {
     if (!r->done)
         return CUDA_SUCCESS;
+    /* The write is asked for as soon as four numbers wait, by any look,
+     * so that it has landed by the time looks reach those numbers. */
+    cd_fence_word_ask(c);
     if (cd_fence_word_passed(c, r->word)) {
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
         return CUDA_SUCCESS;
     }
-    cd_fence_word_ask(c);
     if (grow && r->word && c->word) {
         atomic_fetch_add_explicit(&cd_stats.word_lags, 1, memory_order_relaxed);
         *lags = true;
@@ -185,10 +188,10 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
     if (!cd_gate_enter())
         return CUDA_ERROR_NOT_FOUND;
     CUresult q = CUDA_ERROR_NOT_FOUND;
-    bool refilled;
-    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held, &refilled);
+    unsigned streak;
+    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held, &streak);
     if (*r) {
-        *own = own_part(c, *r, may_grow(a, *held, refilled), lags);
+        *own = own_part(c, *r, may_grow(a, *held, streak), lags);
         q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
     }
     cd_gate_exit();
