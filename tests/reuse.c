@@ -147,13 +147,11 @@ static CUstream stream_of(struct worker *w, int c, int i)
     return i == STREAMS - 1 ? CU_STREAM_PER_THREAD : w->streams[c][i];
 }
 
-static void op_alloc(struct worker *w)
+/* Allocates a block of kind, size and context and holds it: false when it
+ * failed. */
+static bool alloc_block(struct worker *w, enum kind kind, size_t size, int ctx)
 {
-    if (w->nheld == HELD)
-        return;
-    struct block b = {.kind = (enum kind)hx_below(&w->t, K_KINDS),
-                      .size = hx_below(&w->t, 4) ? 4096 : 65536,
-                      .ctx = (int)hx_below(&w->t, 2)};
+    struct block b = {.kind = kind, .size = size, .ctx = ctx};
     enter(w, b.ctx);
     CUresult rc;
     if (b.kind == K_HOST) {
@@ -171,20 +169,27 @@ static void op_alloc(struct worker *w)
     }
     hx_end(&w->t, rc);
     if (!ok(w, kind_names[b.kind], rc))
-        return;
+        return false;
     hx_note(&w->t, "returned %#lx", (unsigned long)b.p);
     check_returned(w, &b);
     w->held[w->nheld++] = b;
     w->allocs++;
+    return true;
 }
 
-/* A kernel that writes a held block (a managed one, at times, from the
- * other context), and an event behind it. */
-static void op_launch(struct worker *w)
+static void op_alloc(struct worker *w)
 {
-    if (!w->nheld)
+    if (w->nheld == HELD)
         return;
-    struct block *b = &w->held[hx_below(&w->t, (unsigned)w->nheld)];
+    enum kind kind = (enum kind)hx_below(&w->t, K_KINDS);
+    size_t size = hx_below(&w->t, 4) ? 4096 : 65536;
+    alloc_block(w, kind, size, (int)hx_below(&w->t, 2));
+}
+
+/* A kernel that writes b (a managed one, at times, from the other
+ * context), and an event behind it. */
+static void launch_on(struct worker *w, struct block *b)
+{
     if (b->nev == WRITERS)
         return;
     int c = b->kind == K_MANAGED && !hx_below(&w->t, 4) ? 1 - b->ctx : b->ctx;
@@ -207,11 +212,15 @@ static void op_launch(struct worker *w)
     w->launches++;
 }
 
-static void op_release(struct worker *w)
+static void op_launch(struct worker *w)
 {
-    if (!w->nheld)
-        return;
-    int i = (int)hx_below(&w->t, (unsigned)w->nheld);
+    if (w->nheld)
+        launch_on(w, &w->held[hx_below(&w->t, (unsigned)w->nheld)]);
+}
+
+/* Releases the held block i. */
+static void release_held(struct worker *w, int i)
+{
     struct block b = w->held[i];
     w->held[i] = w->held[--w->nheld];
     note_released(w, &b);
@@ -227,6 +236,33 @@ static void op_release(struct worker *w)
     hx_end(&w->t, rc);
     ok(w, "the release", rc);
     w->releases++;
+}
+
+static void op_release(struct worker *w)
+{
+    if (w->nheld)
+        release_held(w, (int)hx_below(&w->t, (unsigned)w->nheld));
+}
+
+/* Now and then: the loop of a program that allocates one small device
+ * size, launches a kernel on it and releases it, 20 to 60 times without
+ * synchronising, where cudefer's reuse may grow the size's rotation with
+ * new blocks instead of asking the driver about the oldest one's fence
+ * (shim/engine/cache.c, may_grow). Every allocation is checked as any
+ * other (reuse-early, one owner). */
+static void op_loop(struct worker *w)
+{
+    if (w->nheld == HELD)
+        return;
+    size_t size = hx_below(&w->t, 2) ? 4096 : 16384;
+    int ctx = (int)hx_below(&w->t, 2);
+    unsigned n = 20 + hx_below(&w->t, 41);
+    for (unsigned i = 0; i < n; i++) {
+        if (!alloc_block(w, K_DEVICE, size, ctx))
+            return;
+        launch_on(w, &w->held[w->nheld - 1]);
+        release_held(w, w->nheld - 1);
+    }
 }
 
 /* Rare: a stream's or a context's synchronisation (a flush point), or
@@ -269,7 +305,9 @@ static void *worker_main(void *arg)
     }
     for (unsigned long long n = 0; n < w->t.ops; n++) {
         unsigned pick = hx_below(&w->t, 200);
-        if (pick < 60)
+        if (pick == 0)
+            op_loop(w);
+        else if (pick < 60)
             op_alloc(w);
         else if (pick < 130)
             op_launch(w);
