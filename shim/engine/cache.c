@@ -71,15 +71,15 @@ static size_t depth(size_t bytes)
  * of a 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118). So when
  * the word does not answer in a small device bin of a loop (a release
  * refilled it before each of its last GROW_AFTER looks), holding fewer
- * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation asks for the
- * word's write and takes a new block from the driver instead of querying
- * the event: the rotation grows, once, until the word answers all but one
- * look in as many as the bin holds (a write is asked for only by a look it
- * could not answer). Each new block costs an allocation (40 us at 4 KiB),
- * each query it spares 0.3 to 1.6 us: a short loop, as between a training
- * step's synchronisations (which give the blocks back), a run of
- * allocations, a bin that has grown that far, or one of larger blocks,
- * asks the event as before. */
+ * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
+ * block from the driver instead of querying the event: the rotation grows
+ * until its oldest block is older than the word's lag (every look asks for
+ * the next write once four numbers wait; five to seven blocks in run
+ * 120's loops, again after each synchronisation, which gives the blocks
+ * back). Each new block costs an allocation (40 us at 4 KiB), each query
+ * it spares 0.3 to 1.6 us: a short loop, as a training step between two
+ * synchronisations, a run of allocations, a bin that has grown that far,
+ * or one of larger blocks, asks the event as before. */
 #define GROW_AFTER 16
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
@@ -148,17 +148,18 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 #define DEBT_WAIT_MAX_NS (10ull * 1000000000ull)
 
 /* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
- * CUDA_ERROR_NOT_READY, or the event's error. The word (fence.h) answers
- * without a driver call when it is there; else the word is asked for, for
- * the looks to come, and, when grow (and r has a number in the word),
- * NOT_READY and *lags (a new block serves, above), else the event is
- * queried. Inside the capture gate. */
+ * CUDA_ERROR_NOT_READY, or the event's error. The word's next write is
+ * asked for first, for the looks to come (fence.h: once four numbers
+ * wait). The word answers without a driver call when it is there; else,
+ * when grow (and r has a number in the word), NOT_READY and *lags (a new
+ * block serves, above); else the event is queried. Inside the capture
+ * gate. */
 static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow, bool *lags)
 {
     if (!r->done)
         return CUDA_SUCCESS;
-    /* The write is asked for as soon as four numbers wait, by any look,
-     * so that it has landed by the time looks reach those numbers. */
+    /* Asked by any look, not only by those the word misses, so that the
+     * write has landed by the time the looks reach its numbers. */
     cd_fence_word_ask(c);
     if (cd_fence_word_passed(c, r->word)) {
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
