@@ -74,7 +74,7 @@ static size_t depth(size_t bytes)
  * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
  * block from the driver instead of querying the event: the rotation grows
  * until its oldest block is older than the word's lag (every look asks for
- * the next write once four numbers wait; five to seven blocks in run
+ * the next write once four numbers wait; five or six blocks held in run
  * 120's loops, again after each synchronisation, which gives the blocks
  * back). Each new block costs an allocation (40 us at 4 KiB), each query
  * it spares 0.3 to 1.6 us: a short loop, as a training step between two
