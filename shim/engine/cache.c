@@ -148,20 +148,22 @@ void cd_alloc_start(struct cd_alloc *a, const char *call, enum cd_kind kind, siz
 #define DEBT_WAIT_MAX_NS (10ull * 1000000000ull)
 
 /* Whether r's own context's part of its fence has passed: CUDA_SUCCESS,
- * CUDA_ERROR_NOT_READY, or the event's error. The word's next write is
- * asked for first, for the looks to come (fence.h: once four numbers
- * wait). The word answers without a driver call when it is there; else,
- * when grow (and r has a number in the word), NOT_READY and *lags (a new
- * block serves, above); else the event is queried. Inside the capture
- * gate. */
+ * CUDA_ERROR_NOT_READY, or the event's error. The word answers without a
+ * driver call when it is there; else, when grow (and r has a number in the
+ * word), NOT_READY and *lags (a new block serves, above); else the event
+ * is queried. Either way the word's next write is asked for, for the looks
+ * to come (fence.h: once four numbers wait). Inside the capture gate. */
 static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow, bool *lags)
 {
     if (!r->done)
         return CUDA_SUCCESS;
+    bool passed = cd_fence_word_passed(c, r->word);
     /* Asked by any look, not only by those the word misses, so that the
-     * write has landed by the time the looks reach its numbers. */
+     * write has landed by the time the looks reach its numbers; after the
+     * word was read (a write that lands at once does not answer this look,
+     * whatever the timing). */
     cd_fence_word_ask(c);
-    if (cd_fence_word_passed(c, r->word)) {
+    if (passed) {
         atomic_fetch_add_explicit(&cd_stats.word_answers, 1, memory_order_relaxed);
         return CUDA_SUCCESS;
     }
