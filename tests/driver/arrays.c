@@ -140,6 +140,8 @@ static CUresult array_destroy(void *h, enum td_objkind kind)
         td_ctx_wait_idle(wctx, true);
     td_live_add(TESTDRV_ARRAY, -1, -(long long)a->bytes);
     td_cap_give((enum td_cap)a->cap, a->bytes);
+    free(a->data);
+    a->data = NULL;
     return td_leave(CUDA_SUCCESS);
 }
 

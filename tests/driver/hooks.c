@@ -118,6 +118,32 @@ void td_write_value_run(struct td_stream *s, struct td_op *op)
         __atomic_store_n((uint32_t *)p, op->u.write.value, __ATOMIC_RELEASE);
 }
 
+void td_memset_run(struct td_stream *s, struct td_op *op)
+{
+    struct td_ctx *c = s->h.ctx;
+    if (c->sticky != CUDA_SUCCESS)
+        return;
+    uintptr_t p = op->u.memset.addr;
+    size_t bytes = op->u.memset.count * op->u.memset.width;
+    const struct td_alloc *a = td_alloc_covering(p, bytes);
+    if (!a || (a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY))) {
+        fault(c);
+        return;
+    }
+    if (!a->host_backed && a->kind != TESTDRV_REGISTERED)
+        return;
+    for (size_t i = 0; i < op->u.memset.count; i++) {
+        void *at = (char *)p + i * op->u.memset.width;
+        uint32_t v = op->u.memset.value;
+        if (op->u.memset.width == 1)
+            *(uint8_t *)at = (uint8_t)v;
+        else if (op->u.memset.width == 2)
+            *(uint16_t *)at = (uint16_t)v;
+        else
+            *(uint32_t *)at = v;
+    }
+}
+
 /* A kernel that spins (polling, without the lock) until *flag != 0. */
 static void spin_run(struct td_ctx *c, const volatile int *flag)
 {

@@ -245,6 +245,7 @@ struct td_array {
     struct td_obj h;
     size_t bytes;
     int cap;                   /* enum td_cap (declared below) */
+    unsigned char *data;       /* its contents, made by the first copy into it */
 };
 
 /* What an allocation counts against: pinned host memory, shared by every
@@ -557,6 +558,7 @@ enum td_opkind {
     TD_OP_CALLBACK,  /* cuStreamAddCallback */
     TD_OP_FREE,      /* cuMemFreeAsync reaching its position */
     TD_OP_WRITE32,   /* cuStreamWriteValue32 */
+    TD_OP_MEMSET,    /* cuMemsetD8Async, D16, D32 */
 };
 
 struct td_op {
@@ -572,6 +574,7 @@ struct td_op {
         struct { CUstreamCallback fn; void *data; CUstream handle; } callback;
         struct { struct td_alloc *a; } free;
         struct { uintptr_t addr; uint32_t value; } write;
+        struct { uintptr_t addr; uint32_t value; unsigned width; size_t count; } memset;
     } u;
 };
 
@@ -580,6 +583,11 @@ struct td_op {
  * outside live memory, or in read-only registered memory, faults the
  * context like a kernel's write. */
 void td_write_value_run(struct td_stream *s, struct td_op *op);
+
+/* Runs a TD_OP_MEMSET op (td.mu held): the range is filled where the
+ * memory is backed on the host; a range not within one live allocation
+ * when the stream reaches it faults the context like a kernel's write. */
+void td_memset_run(struct td_stream *s, struct td_op *op);
 
 /* A new op of that kind (zeroed, no dependencies). */
 struct td_op *td_op_new(enum td_opkind kind);

@@ -1023,6 +1023,80 @@ TD_EXPORT CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigne
     return sync_copy((uintptr_t)srcDevice, dstHost, ByteCount, false, false);
 }
 
+/* cuMemcpyHtoA / AtoH: the range must lie in a live array of this driver
+ * (a released or unknown handle: CUDA_ERROR_INVALID_HANDLE, a range past
+ * its end or no host pointer: CUDA_ERROR_INVALID_VALUE); ordered on the
+ * legacy (or per-thread) stream like cuMemcpyHtoD, and the call returns
+ * once it ran. The array keeps what is copied into it (made at the first
+ * copy in; never written, it reads as zeros). */
+static CUresult array_copy(CUarray h, size_t offset, void *host, size_t n, bool to_array,
+                           bool ptds)
+{
+    CUresult rc = td_enter();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    td_note_wait_call();
+    struct td_ctx *c;
+    struct td_stream *s;
+    struct td_obj *o;
+    if ((rc = td_cur_ctx_unsafe(&c)) != CUDA_SUCCESS ||
+        (rc = td_obj_get(h, TD_OBJ_ARRAY, &o)) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_array *a = (struct td_array *)o;
+    if (!host || offset > a->bytes || n > a->bytes - offset)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (n == 0)
+        return td_leave(CUDA_SUCCESS);
+    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS ||
+        (rc = td_stream_enqueue(s, td_op_new(TD_OP_NOP))) != CUDA_SUCCESS)
+        return td_leave(rc);
+    struct td_deps deps = { 0 };
+    td_deps_add(&deps, s, s->submitted);
+    td_wait_deps(&deps);
+    td_deps_free(&deps);
+    /* Destroyed meanwhile by another thread: nothing to copy. */
+    if (a->h.released)
+        return td_leave(CUDA_ERROR_INVALID_HANDLE);
+    if (to_array) {
+        if (!a->data)
+            a->data = td_xcalloc(1, a->bytes);
+        memcpy(a->data + offset, host, n);
+    } else if (a->data) {
+        memcpy(host, a->data + offset, n);
+    } else {
+        memset(host, 0, n);
+    }
+    return td_leave(c->sticky);
+}
+
+TD_EXPORT CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void *srcHost,
+                                   size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyHtoA_v2);
+    return array_copy(dstArray, dstOffset, (void *)srcHost, ByteCount, true, false);
+}
+
+TD_EXPORT CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, const void *srcHost,
+                                        size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyHtoA_v2_ptds);
+    return array_copy(dstArray, dstOffset, (void *)srcHost, ByteCount, true, true);
+}
+
+TD_EXPORT CUresult cuMemcpyAtoH_v2(void *dstHost, CUarray srcArray, size_t srcOffset,
+                                   size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyAtoH_v2);
+    return array_copy(srcArray, srcOffset, dstHost, ByteCount, false, false);
+}
+
+TD_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void *dstHost, CUarray srcArray, size_t srcOffset,
+                                        size_t ByteCount)
+{
+    TD_COUNT(cuMemcpyAtoH_v2_ptds);
+    return array_copy(srcArray, srcOffset, dstHost, ByteCount, false, true);
+}
+
 /* cuMemsetD8: validates the range and queues an ordering point on the
  * legacy (or per-thread) stream without waiting; host-backed memory is
  * set at once. */
@@ -1061,6 +1135,76 @@ TD_EXPORT CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
 {
     TD_COUNT(cuMemsetD8);
     return memset_d8((uintptr_t)dstDevice, uc, N, false);
+}
+
+/* cuMemsetD8Async, D16, D32: a range not within one allocation of this
+ * driver gets CUDA_ERROR_INVALID_VALUE at the call, as cuMemsetD8; a
+ * D16 or D32 address not aligned to its width, CUDA_ERROR_INVALID_VALUE.
+ * The fill is queued like a kernel (it waits at a waiting release's
+ * launch gate, a capture records it) and made when the stream reaches it
+ * (td_memset_run: into host-backed memory; the range freed meanwhile
+ * faults the context). */
+static CUresult memset_async(uintptr_t dev, uint32_t v, unsigned width, size_t count, CUstream h,
+                             bool ptsz)
+{
+    struct td_ctx *c;
+    CUresult rc = td_enter_unsafe(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dev % width)
+        return td_leave(CUDA_ERROR_INVALID_VALUE);
+    if (count == 0)
+        return td_leave(CUDA_SUCCESS);
+    if (!td_alloc_covering(dev, count * width))
+        return td_leave(unknown_pointer(dev, CUDA_ERROR_INVALID_VALUE));
+    struct td_op *op = td_op_new(TD_OP_MEMSET);
+    op->u.memset.addr = dev;
+    op->u.memset.value = v;
+    op->u.memset.width = width;
+    op->u.memset.count = count;
+    return td_leave(td_launch_op(h, ptsz, NULL, op));
+}
+
+TD_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                   CUstream hStream)
+{
+    TD_COUNT(cuMemsetD8Async);
+    return memset_async((uintptr_t)dstDevice, uc, 1, N, hStream, false);
+}
+
+TD_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                        CUstream hStream)
+{
+    TD_COUNT(cuMemsetD8Async_ptsz);
+    return memset_async((uintptr_t)dstDevice, uc, 1, N, hStream, true);
+}
+
+TD_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                    CUstream hStream)
+{
+    TD_COUNT(cuMemsetD16Async);
+    return memset_async((uintptr_t)dstDevice, us, 2, N, hStream, false);
+}
+
+TD_EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                         CUstream hStream)
+{
+    TD_COUNT(cuMemsetD16Async_ptsz);
+    return memset_async((uintptr_t)dstDevice, us, 2, N, hStream, true);
+}
+
+TD_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                    CUstream hStream)
+{
+    TD_COUNT(cuMemsetD32Async);
+    return memset_async((uintptr_t)dstDevice, ui, 4, N, hStream, false);
+}
+
+TD_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                         CUstream hStream)
+{
+    TD_COUNT(cuMemsetD32Async_ptsz);
+    return memset_async((uintptr_t)dstDevice, ui, 4, N, hStream, true);
 }
 
 /* ------------------------------------------------------------------ */

@@ -145,6 +145,9 @@ static void op_run(struct td_stream *s, struct td_op *op)
     case TD_OP_WRITE32:
         td_write_value_run(s, op);
         break;
+    case TD_OP_MEMSET:
+        td_memset_run(s, op);
+        break;
     }
 }
 

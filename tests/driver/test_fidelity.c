@@ -2350,6 +2350,83 @@ Test(memops, write_value_to_freed_memory_faults, .timeout = 10)
     cr_expect_gt(testdrv_faults(), 0);
 }
 
+/* ---- stream-ordered memsets ----------------------------------------------- */
+
+/* cuMemsetD8Async, D16 and D32 fill when the stream reaches them, after
+ * the work queued before, never at the call; the value lands in pinned
+ * memory that the host reads. An address outside every allocation, or
+ * not aligned to the width, gets CUDA_ERROR_INVALID_VALUE at the call. */
+Test(memset, async_fills_after_the_work_before_it, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    void *host;
+    CU_OK(cuMemAllocHost(&host, 4096));
+    memset(host, 0, 4096);
+    CUdeviceptr d = (CUdeviceptr)host;
+    CU_OK(testdrv_launch(s, 100000, 0, 0, TESTDRV_WRITE));
+    CU_OK(cuMemsetD8Async(d, 0xab, 16, s));
+    CU_OK(cuMemsetD16Async(d + 16, 0x1234, 8, s));
+    CU_OK(cuMemsetD32Async(d + 32, 0xdeadbeefu, 4, s));
+    sleep_ms(20);
+    const volatile unsigned char *b = host;
+    cr_expect_eq(b[0], 0, "the memset ran before the kernel queued ahead of it");
+    CU_OK(cuStreamSynchronize(s));
+    for (int i = 0; i < 16; i++)
+        cr_expect_eq(b[i], 0xab, "byte %d", i);
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(((const uint16_t *)host)[8 + i], 0x1234, "half-word %d", i);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(((const uint32_t *)host)[8 + i], 0xdeadbeefu, "word %d", i);
+    cr_expect_eq(b[48], 0);
+    cr_expect_eq(cuMemsetD16Async(d + 1, 1, 1, s), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemsetD32Async(d + 2, 1, 1, s), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemsetD8Async(d, 1, 8192, s), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemsetD8Async((CUdeviceptr)16, 1, 1, s), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFreeHost(host));
+    cr_expect_eq(testdrv_faults(), 0);
+}
+
+/* A memset queued behind a stream-ordered free of its block faults the
+ * context when the stream reaches it, as a kernel's write there would. */
+Test(memset, async_into_memory_freed_before_it_faults, .timeout = 10)
+{
+    ctx_setup();
+    CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr d;
+    CU_OK(cuMemAllocAsync(&d, 4096, s));
+    CU_OK(cuMemFreeAsync(d, s));
+    CU_OK(cuMemsetD8Async(d, 0, 4096, s));
+    cr_expect_eq(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+    cr_expect_gt(testdrv_faults(), 0);
+}
+
+/* ---- copies into and out of arrays ---------------------------------------- */
+
+/* What cuMemcpyHtoA puts into an array, cuMemcpyAtoH reads back (a part
+ * never written reads as zeros); a range past the array's end gets
+ * CUDA_ERROR_INVALID_VALUE, a destroyed array CUDA_ERROR_INVALID_HANDLE. */
+Test(arrays, copies_round_trip, .timeout = 10)
+{
+    ctx_setup();
+    CUDA_ARRAY_DESCRIPTOR d = {.Width = 256, .Height = 1, .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                               .NumChannels = 1};
+    CUarray a;
+    CU_OK(cuArrayCreate(&a, &d));
+    unsigned char in[64], out[256];
+    for (int i = 0; i < 64; i++)
+        in[i] = (unsigned char)(i + 1);
+    CU_OK(cuMemcpyHtoA(a, 128, in, sizeof in));
+    memset(out, 0xff, sizeof out);
+    CU_OK(cuMemcpyAtoH(out, a, 0, sizeof out));
+    for (int i = 0; i < 256; i++)
+        cr_expect_eq(out[i], i >= 128 && i < 192 ? i - 127 : 0, "byte %d", i);
+    cr_expect_eq(cuMemcpyHtoA(a, 200, in, sizeof in), CUDA_ERROR_INVALID_VALUE);
+    cr_expect_eq(cuMemcpyAtoH(out, a, 257, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuArrayDestroy(a));
+    cr_expect_eq(cuMemcpyAtoH(out, a, 0, 1), CUDA_ERROR_INVALID_HANDLE);
+}
+
 /* ---- what a program sets on an allocation (advice.c) ---------------------- */
 
 static int range_int(CUdeviceptr p, size_t bytes, CUmem_range_attribute attr)
