@@ -17,7 +17,8 @@
  * program's again (its fence's word or its event, shim/engine/fence.h),
  * and where a wrong answer lets the GPU write memory the program got back.
  * Synchronisations and flushes are rare, so that released blocks stay for
- * reuse.
+ * reuse. Now and then a thread runs a tight loop over one small device size
+ * (op_loop), the benchmarks' loop, where a size's rotation may grow.
  *
  * Invariants:
  *  - reuse-early: when an allocation returns a range, every kernel that
