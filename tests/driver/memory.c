@@ -1165,47 +1165,20 @@ static CUresult memset_async(uintptr_t dev, uint32_t v, unsigned width, size_t c
     return td_leave(td_launch_op(h, ptsz, NULL, op));
 }
 
-TD_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                   CUstream hStream)
-{
-    TD_COUNT(cuMemsetD8Async);
-    return memset_async((uintptr_t)dstDevice, uc, 1, N, hStream, false);
-}
+/* The six entry points: D8, D16 and D32, each also per-thread. */
+#define MEMSET_ASYNC(name, type, width, ptsz)                                           \
+    TD_EXPORT CUresult name(CUdeviceptr dstDevice, type value, size_t N, CUstream hStream) \
+    {                                                                                   \
+        TD_COUNT(name);                                                                 \
+        return memset_async((uintptr_t)dstDevice, value, width, N, hStream, ptsz);      \
+    }
 
-TD_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                        CUstream hStream)
-{
-    TD_COUNT(cuMemsetD8Async_ptsz);
-    return memset_async((uintptr_t)dstDevice, uc, 1, N, hStream, true);
-}
-
-TD_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
-                                    CUstream hStream)
-{
-    TD_COUNT(cuMemsetD16Async);
-    return memset_async((uintptr_t)dstDevice, us, 2, N, hStream, false);
-}
-
-TD_EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N,
-                                         CUstream hStream)
-{
-    TD_COUNT(cuMemsetD16Async_ptsz);
-    return memset_async((uintptr_t)dstDevice, us, 2, N, hStream, true);
-}
-
-TD_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
-                                    CUstream hStream)
-{
-    TD_COUNT(cuMemsetD32Async);
-    return memset_async((uintptr_t)dstDevice, ui, 4, N, hStream, false);
-}
-
-TD_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
-                                         CUstream hStream)
-{
-    TD_COUNT(cuMemsetD32Async_ptsz);
-    return memset_async((uintptr_t)dstDevice, ui, 4, N, hStream, true);
-}
+MEMSET_ASYNC(cuMemsetD8Async, unsigned char, 1, false)
+MEMSET_ASYNC(cuMemsetD8Async_ptsz, unsigned char, 1, true)
+MEMSET_ASYNC(cuMemsetD16Async, unsigned short, 2, false)
+MEMSET_ASYNC(cuMemsetD16Async_ptsz, unsigned short, 2, true)
+MEMSET_ASYNC(cuMemsetD32Async, unsigned int, 4, false)
+MEMSET_ASYNC(cuMemsetD32Async_ptsz, unsigned int, 4, true)
 
 /* ------------------------------------------------------------------ */
 /* Interprocess memory handles                                         */
