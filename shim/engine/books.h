@@ -90,13 +90,15 @@ size_t cd_books_take_unfenced(struct cd_ctx *c, struct cd_link *out);
 /* Claims the oldest fenced, unclaimed block of (kind, bytes, flags) whose
  * key is below max_key, for a reuse: it stays on the books, and flushes
  * leave it alone, until cd_books_take or cd_books_unclaim. *depth is how
- * many blocks that bin holds; *streak how many claims in a row, this one
- * included, found a block come into it since the claim before (a loop
+ * many blocks that bin holds; *streak how many allocations in a row, this
+ * one included, found a block come into it since the one before (a loop
  * that releases what it allocates; 0 for a run of allocations, and for the
- * first claim after a run of releases). NULL when there is none. */
+ * first after a run of releases). again: a later look of the same
+ * allocation (after a nap), which counts nothing. NULL when there is
+ * none. */
 struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t bytes,
-                                 unsigned flags, uintptr_t max_key, size_t *depth,
-                                 unsigned *streak);
+                                 unsigned flags, uintptr_t max_key, bool again,
+                                 size_t *depth, unsigned *streak);
 void cd_books_unclaim(struct cd_ctx *c, struct cd_record *r);
 
 /* How many entries c's books hold. */

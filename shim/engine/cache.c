@@ -70,9 +70,11 @@ static size_t depth(size_t bytes)
  * loop), and its event query, with the GPU running behind, costs a quarter
  * of a 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118). So when
  * the word does not answer in a small device bin of a loop (a release
- * refilled it before each of its last GROW_AFTER looks), holding fewer
+ * refilled it before each of its last GROW_AFTER allocations; a second
+ * look of one allocation, after a nap, counts nothing), holding fewer
  * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
- * block from the driver instead of querying the event: the rotation grows
+ * block from the driver instead of querying the event (or waiting for the
+ * block, next_nap): the rotation grows
  * until its oldest block is older than the word's lag (every look asks for
  * the next write once four numbers wait; five or six blocks held in run
  * 120's loops, again after each synchronisation, which gives the blocks
@@ -176,14 +178,15 @@ static CUresult own_part(struct cd_ctx *c, const struct cd_record *r, bool grow,
     return cd_driver_ops()->event_query(r->done);
 }
 
-/* Claims the oldest block that may serve a and, inside the capture gate
- * (an event query from a thread in the global capture mode would invalidate
- * a live capture), asks whether its fence has passed: CUDA_SUCCESS,
- * CUDA_ERROR_NOT_READY, or another code when there is none; *own: the
- * same for its own context's part alone; *lags: NOT_READY because the
- * word trails and a new block should serve (own_part). */
-static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_record **r,
-                      size_t *held, CUresult *own, bool *lags)
+/* Claims the oldest block that may serve a (again: a later look of the
+ * same allocation) and, inside the capture gate (an event query from a
+ * thread in the global capture mode would invalidate a live capture), asks
+ * whether its fence has passed: CUDA_SUCCESS, CUDA_ERROR_NOT_READY, or
+ * another code when there is none; *own: the same for its own context's
+ * part alone; *lags: NOT_READY because the word trails and a new block
+ * should serve (own_part). */
+static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, bool again,
+                      struct cd_record **r, size_t *held, CUresult *own, bool *lags)
 {
     *r = NULL;
     *own = CUDA_ERROR_NOT_FOUND;
@@ -192,7 +195,7 @@ static CUresult claim(struct cd_ctx *c, const struct cd_alloc *a, struct cd_reco
         return CUDA_ERROR_NOT_FOUND;
     CUresult q = CUDA_ERROR_NOT_FOUND;
     unsigned streak;
-    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, held, &streak);
+    *r = cd_books_claim(c, a->kind, a->bytes, a->flags, a->max_key, again, held, &streak);
     if (*r) {
         *own = own_part(c, *r, may_grow(a, *held, streak), lags);
         q = *own == CUDA_SUCCESS ? cd_fence_query(c, NULL, (*r)->far) : *own;
@@ -283,7 +286,7 @@ bool cd_alloc_reuse(struct cd_alloc *a, uintptr_t *key)
         struct cd_record *r;
         CUresult own;
         bool lags;
-        CUresult q = claim(c, a, &r, &held, &own, &lags);
+        CUresult q = claim(c, a, !first, &r, &held, &own, &lags);
         /* Barred since the claim (the program set state on the block it
          * had released): not handed out. */
         if (q == CUDA_SUCCESS && atomic_load(&r->no_reuse))

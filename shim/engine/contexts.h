@@ -57,7 +57,7 @@ struct cd_bin {
     size_t n;
     bool looked;         /* a claim has looked at it */
     bool refilled;       /* a block came in since the last claim */
-    unsigned streak;     /* claims in a row that found it refilled */
+    unsigned streak;     /* allocations in a row that found it refilled */
     struct cd_link list; /* records, by their bin link */
 };
 

@@ -956,6 +956,22 @@ static CUresult sync_op_stream(bool ptds, struct td_stream **out)
     return CUDA_SUCCESS;
 }
 
+/* A synchronous copy's place on the legacy (or per-thread) stream: an
+ * ordering point queued there, and waited for (td.mu dropped meanwhile). */
+static CUresult sync_point(bool ptds)
+{
+    struct td_stream *s;
+    CUresult rc;
+    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS ||
+        (rc = td_stream_enqueue(s, td_op_new(TD_OP_NOP))) != CUDA_SUCCESS)
+        return rc;
+    struct td_deps deps = { 0 };
+    td_deps_add(&deps, s, s->submitted);
+    td_wait_deps(&deps);
+    td_deps_free(&deps);
+    return CUDA_SUCCESS;
+}
+
 /* cuMemcpyHtoD / DtoH: the device range must lie in one live allocation;
  * the copy is ordered on the legacy (or per-thread) stream and the call
  * returns once it ran. Host-backed memory (managed, pinned) is really
@@ -967,20 +983,14 @@ static CUresult sync_copy(uintptr_t dev, void *host, size_t n, bool to_device, b
         return rc;
     td_note_wait_call();
     struct td_ctx *c;
-    struct td_stream *s;
     if ((rc = td_cur_ctx_unsafe(&c)) != CUDA_SUCCESS)
         return td_leave(rc);
     if (n == 0)
         return td_leave(CUDA_SUCCESS);
     if (!host || !td_alloc_covering(dev, n))
         return td_leave(unknown_pointer(dev, CUDA_ERROR_INVALID_VALUE));
-    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS ||
-        (rc = td_stream_enqueue(s, td_op_new(TD_OP_NOP))) != CUDA_SUCCESS)
+    if ((rc = sync_point(ptds)) != CUDA_SUCCESS)
         return td_leave(rc);
-    struct td_deps deps = { 0 };
-    td_deps_add(&deps, s, s->submitted);
-    td_wait_deps(&deps);
-    td_deps_free(&deps);
     struct td_alloc *a = td_alloc_covering(dev, n);
     if (a && a->host_backed)
         memcpy(to_device ? (void *)dev : host, to_device ? host : (void *)dev, n);
@@ -1037,7 +1047,6 @@ static CUresult array_copy(CUarray h, size_t offset, void *host, size_t n, bool 
         return rc;
     td_note_wait_call();
     struct td_ctx *c;
-    struct td_stream *s;
     struct td_obj *o;
     if ((rc = td_cur_ctx_unsafe(&c)) != CUDA_SUCCESS ||
         (rc = td_obj_get(h, TD_OBJ_ARRAY, &o)) != CUDA_SUCCESS)
@@ -1047,13 +1056,8 @@ static CUresult array_copy(CUarray h, size_t offset, void *host, size_t n, bool 
         return td_leave(CUDA_ERROR_INVALID_VALUE);
     if (n == 0)
         return td_leave(CUDA_SUCCESS);
-    if ((rc = sync_op_stream(ptds, &s)) != CUDA_SUCCESS ||
-        (rc = td_stream_enqueue(s, td_op_new(TD_OP_NOP))) != CUDA_SUCCESS)
+    if ((rc = sync_point(ptds)) != CUDA_SUCCESS)
         return td_leave(rc);
-    struct td_deps deps = { 0 };
-    td_deps_add(&deps, s, s->submitted);
-    td_wait_deps(&deps);
-    td_deps_free(&deps);
     /* Destroyed meanwhile by another thread: nothing to copy. */
     if (a->h.released)
         return td_leave(CUDA_ERROR_INVALID_HANDLE);
