@@ -553,14 +553,12 @@ struct cd_record *cd_books_claim(struct cd_ctx *c, enum cd_kind kind, size_t byt
     pthread_mutex_lock(&c->lock);
     struct cd_bin *b = *bin_link(c, kind, bytes, flags);
     *depth = b ? b->n : 0;
-    *streak = 0;
     if (b && !again) {
         b->streak = b->refilled ? b->streak + (b->streak < UINT_MAX) : 0;
         b->refilled = false;
         b->looked = true;
     }
-    if (b)
-        *streak = b->streak;
+    *streak = b ? b->streak : 0;
     for (struct cd_link *e = b ? b->list.next : NULL; e && e != &b->list; e = e->next) {
         struct cd_record *r = CD_CONTAINER(e, struct cd_record, bin);
         if (!r->claimed && r->done && r->key < max_key && !atomic_load(&r->no_reuse)) {

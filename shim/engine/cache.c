@@ -74,14 +74,14 @@ static size_t depth(size_t bytes)
  * look of one allocation, after a nap, counts nothing), holding fewer
  * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
  * block from the driver instead of querying the event (or waiting for the
- * block, next_nap): the rotation grows
- * until its oldest block is older than the word's lag (every look asks for
- * the next write once four numbers wait; five or six blocks held in run
- * 120's loops, again after each synchronisation, which gives the blocks
- * back). Each new block costs an allocation (40 us at 4 KiB), each query
- * it spares 0.3 to 1.6 us: a short loop, as a training step between two
- * synchronisations, a run of allocations, a bin that has grown that far,
- * or one of larger blocks, asks the event as before. */
+ * block, next_nap): the rotation grows until its oldest block is older
+ * than the word's lag (every look asks for the next write once four
+ * numbers wait; five or six blocks held in run 120's loops, again after
+ * each synchronisation, which gives the blocks back). Each new block costs
+ * an allocation (40 us at 4 KiB), each query it spares 0.3 to 1.6 us: a
+ * short loop, as a training step between two synchronisations, a run of
+ * allocations, a bin that has grown that far, or one of larger blocks,
+ * asks the event as before. */
 #define GROW_AFTER 16
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)

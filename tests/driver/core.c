@@ -332,18 +332,6 @@ bool td_deps_done(const struct td_deps *d)
 
 static bool deps_done_cb(void *arg) { return td_deps_done(arg); }
 
-static bool deps_reach(const struct td_deps *d,
-                       bool (*at_point)(const struct td_stream *s, const void *arg),
-                       bool (*at_op)(const struct td_op *op), const void *arg);
-static bool kernel_op(const struct td_op *op);
-
-void td_wait_deps(const struct td_deps *d)
-{
-    if (!td_deps_done(d) && deps_reach(d, NULL, kernel_op, NULL))
-        td_tls.kernel_waits++;
-    td_block_until(deps_done_cb, (void *)d);
-}
-
 /* Breadth first over the unfinished (stream, seq) points d stands for and
  * those their unfinished ops wait for, each stream explored once up to the
  * greatest seq asked of it: true as soon as at_point(stream, arg) answers
@@ -402,6 +390,13 @@ bool td_deps_reach_foreign(const struct td_deps *d, struct td_ctx *root)
 static bool kernel_op(const struct td_op *op)
 {
     return op->kind == TD_OP_KERNEL || op->kind == TD_OP_SPIN;
+}
+
+void td_wait_deps(const struct td_deps *d)
+{
+    if (!td_deps_done(d) && deps_reach(d, NULL, kernel_op, NULL))
+        td_tls.kernel_waits++;
+    td_block_until(deps_done_cb, (void *)d);
 }
 
 void td_host_sync(struct td_deps *d)

@@ -77,6 +77,19 @@ static void stamp_range(uintptr_t p, size_t bytes, bool driver_owned)
     }
 }
 
+/* Whether the GPU may not write a: a registration made read-only. */
+static bool read_only(const struct td_alloc *a)
+{
+    return a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY);
+}
+
+/* Whether a's bytes are the host's (pinned, managed, registered): what
+ * the GPU writes there is really written. */
+static bool host_visible(const struct td_alloc *a)
+{
+    return a->host_backed || a->kind == TESTDRV_REGISTERED;
+}
+
 /* One touch of the kernel's range: false if it may not access it now (a
  * fault); a write over host memory leaves its stamps. */
 static bool touch(const struct td_op *op)
@@ -87,11 +100,11 @@ static bool touch(const struct td_op *op)
     const struct td_alloc *a = td_alloc_covering(p, op->u.kernel.bytes);
     if (!a)
         return false;
-    bool writes = op->u.kernel.access & TESTDRV_WRITE;
-    bool read_only = a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY);
-    if (writes && read_only)
+    if (!(op->u.kernel.access & TESTDRV_WRITE))
+        return true;
+    if (read_only(a))
         return false;
-    if (writes && (a->host_backed || a->kind == TESTDRV_REGISTERED))
+    if (host_visible(a))
         stamp_range(p, op->u.kernel.bytes, a->host_backed);
     return true;
 }
@@ -110,11 +123,11 @@ void td_write_value_run(struct td_stream *s, struct td_op *op)
         return;
     uintptr_t p = op->u.write.addr;
     const struct td_alloc *a = td_alloc_covering(p, sizeof(uint32_t));
-    if (!a || (a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY))) {
+    if (!a || read_only(a)) {
         fault(c);
         return;
     }
-    if (a->host_backed || a->kind == TESTDRV_REGISTERED)
+    if (host_visible(a))
         __atomic_store_n((uint32_t *)p, op->u.write.value, __ATOMIC_RELEASE);
 }
 
@@ -126,11 +139,11 @@ void td_memset_run(struct td_stream *s, struct td_op *op)
     uintptr_t p = op->u.memset.addr;
     size_t bytes = op->u.memset.count * op->u.memset.width;
     const struct td_alloc *a = td_alloc_covering(p, bytes);
-    if (!a || (a->kind == TESTDRV_REGISTERED && (a->flags & CU_MEMHOSTREGISTER_READ_ONLY))) {
+    if (!a || read_only(a)) {
         fault(c);
         return;
     }
-    if (!a->host_backed && a->kind != TESTDRV_REGISTERED)
+    if (!host_visible(a))
         return;
     for (size_t i = 0; i < op->u.memset.count; i++) {
         void *at = (char *)p + i * op->u.memset.width;
