@@ -74,6 +74,7 @@
  * Usage: cudefer-loops [--shim PATH] [--runs N] [--quick] [--smoke]
  *                      [--only stall,loops,cost,live] [--rows ID,...] [--log FILE]
  *                      [--goals FILE] [--live-budget S] [--budget S] [--cpus N]
+ *                      [--rounds N]
  *   --shim PATH      libcudefer.so (default: $CUDEFER_SHIM, else the one
  *                    this process has preloaded)
  *   --runs N         runs per figure (default 5; 2 with --smoke)
@@ -97,6 +98,15 @@
  *                    CPUs are printed. Two children running the same code
  *                    differed by 27% placed freely (bench/RESULTS.md, run
  *                    79) and still by 47% pinned (run 82)
+ *   --rounds N       run the loop section's children N times over (default
+ *                    1; at most 16), one round after the other, every mode
+ *                    of a row side by side in each: the tables are round
+ *                    1's, and a table of rounds gives each round's ratios,
+ *                    their median over the rounds, and how far the pool's
+ *                    (or the driver's) own time moved between rounds. The
+ *                    loop goals are judged by that median, since two
+ *                    children running the same code differ by more than
+ *                    some goals' margins (runs 117-121)
  * Exit status: 0 when every child ran to completion; 1 when one failed (a
  * CUDA call failed, a kernel faulted, a child crashed or timed out, or a
  * line was missing); 2 for bad usage. A goal not met is not a failure.
@@ -142,11 +152,12 @@ static struct {
     double live_budget_s; /* 0: the default */
     double budget_s;      /* parent: no child started after this many s (0: none) */
     int cpus;             /* parent: children pinned to this many CPUs (0: not) */
+    int rounds;           /* parent: rounds of the loop section's children */
     /* child only */
     const char *child;  /* "stall", "loop:<row>:<touch>", "cost" or "live" */
     const char *mode;   /* "none", "cudefer", "keep" or "pool" */
     long live_max;      /* live: the largest N to reach (0: no limit) */
-} opt = {.runs = 5, .cpus = 4};
+} opt = {.runs = 5, .cpus = 4, .rounds = 1};
 
 /* The CPUs every child runs on (--cpus), chosen once by the parent. */
 static cpu_set_t child_cpus;
@@ -181,6 +192,7 @@ static void choose_cpus(void)
  * synchronisations as the pool at its maximum release threshold does. The
  * stall, cost and live sections run the first two (N_PAIR). */
 enum { MODE_NONE, MODE_CUDEFER, MODE_POOL, MODE_KEEP, MODE_POOL0, N_MODES };
+#define MAX_ROUNDS 16 /* --rounds */
 #define N_PAIR 2
 #define KEEP_BYTES "1T"
 static const char *const mode_names[N_MODES] = {"none", "cudefer", "pool", "keep", "pool0"};
@@ -1895,14 +1907,17 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
                 met = against(mc, mp, limit, "the pool", measured, sizeof measured);
             else if (na)
                 met = "no pool";
-            if (mk > 0 && mp > 0) {
+            if (mk > 0 && mp > 0 && opt.rounds == 1) {
                 char mk_text[200];
                 met_k = against(mk, mp, limit, "the pool", mk_text, sizeof mk_text);
                 add_goal(met_k, mk_text, "loops, %s touch, %s: cudefer with CUDEFER_KEEP %s",
                          touch_names[t], r->label, goal);
             }
         }
-        if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
+        /* With rounds, the goals are judged over them (print_rounds). */
+        if (opt.rounds > 1)
+            ;
+        else if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
             add_goal(met, measured, "loops, %s touch, %s: cudefer %s", touch_names[t],
                      r->label, goal);
         else
@@ -1981,6 +1996,138 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
 }
 
 /* ---- cost --------------------------------------------------------------- */
+
+/* One mode's median in each round of a row (-1 where a round has none). */
+static void round_medians(struct job (*jobs)[N_LOOP_ROWS][N_TOUCH][N_MODES], size_t row,
+                          enum touch t, int mode, double *out)
+{
+    for (int k = 0; k < opt.rounds; k++) {
+        const struct job *j = &jobs[k][row][t][mode];
+        out[k] = j->ran ? median_of(collect(j, "loop", "row", loop_rows[row].id, "us_per_iter"))
+                        : -1;
+    }
+}
+
+/* num[k] / den[k] over the rounds where both were measured: the ratios as
+ * text ("1.02, 1.31, -"), their series, and how many met limit. */
+static struct series round_ratios(const double *num, const double *den, double limit,
+                                  char *text, size_t size, int *met)
+{
+    struct series s = {.n = 0};
+    size_t used = 0;
+    *met = 0;
+    text[0] = 0;
+    for (int k = 0; k < opt.rounds; k++) {
+        char one[16] = "-";
+        if (num[k] > 0 && den[k] > 0) {
+            double r = num[k] / den[k];
+            snprintf(one, sizeof one, "%.2f", r);
+            s.v[s.n++] = r;
+            *met += r <= limit;
+        }
+        int w = snprintf(text + used, size - used, "%s%s", k ? ", " : "", one);
+        if (w > 0 && (size_t)w < size - used)
+            used += (size_t)w;
+    }
+    return s;
+}
+
+/* max / min of one mode's medians over the rounds: how far the same code
+ * moved between processes; -1 with fewer than two. */
+static double round_spread(const double *v)
+{
+    double lo = -1, hi = -1;
+    int n = 0;
+    for (int k = 0; k < opt.rounds; k++)
+        if (v[k] > 0) {
+            lo = n && lo < v[k] ? lo : v[k];
+            hi = n && hi > v[k] ? hi : v[k];
+            n++;
+        }
+    return n >= 2 ? hi / lo : -1;
+}
+
+/* --rounds: each round's ratios, their median, and the loop goals judged
+ * by it. */
+static void print_rounds(struct job (*jobs)[N_LOOP_ROWS][N_TOUCH][N_MODES], enum touch t)
+{
+    printf("\nRounds, %s touch: the loop children ran in %d rounds, one after the other, "
+           "every mode of a row side by side in each. Each round's ratio of medians (as in "
+           "the table above, which is round 1's); their median over the rounds (min–max); "
+           "\"moved\": the largest over the smallest of one mode's medians across the rounds "
+           "(the same code in another process). The goals are judged by the median over the "
+           "rounds.\n\n",
+           touch_names[t], opt.rounds);
+    printf("| loop | cudefer / pool (or driver), each round | median | rounds met | keep / pool, "
+           "each round | median | pool (or driver) moved | cudefer moved | keep moved | goal "
+           "| met | met with keep |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < N_LOOP_ROWS; i++) {
+        const struct loop_row *r = &loop_rows[i];
+        if (!row_wanted(r))
+            continue;
+        bool pool = row_has_pool(r);
+        double ref[MAX_ROUNDS], cd[MAX_ROUNDS], kp[MAX_ROUNDS];
+        round_medians(jobs, i, t, pool ? MODE_POOL : MODE_NONE, ref);
+        round_medians(jobs, i, t, MODE_CUDEFER, cd);
+        for (int k = 0; k < opt.rounds; k++)
+            kp[k] = -1;
+        if (pool)
+            round_medians(jobs, i, t, MODE_KEEP, kp);
+        double limit = row_goal(r);
+        char rc_text[200], rk_text[200], goal[48], med_c[64] = "-", med_k[64] = "-";
+        char moved_r[16] = "-", moved_c[16] = "-", moved_k[16] = "-";
+        int met_c, met_k;
+        struct series sc = round_ratios(cd, ref, limit, rc_text, sizeof rc_text, &met_c);
+        struct series sk = round_ratios(kp, ref, limit, rk_text, sizeof rk_text, &met_k);
+        double m, lo, hi;
+        const char *verdict = "not measured", *verdict_k = "–";
+        if (pool)
+            snprintf(goal, sizeof goal, "≤ %.1f× pool", limit);
+        else
+            snprintf(goal, sizeof goal, "≤ 1.00× driver");
+        char measured[200] = "–";
+        if (stats(sc, &m, &lo, &hi)) {
+            snprintf(med_c, sizeof med_c, "%.2f× (%.2f–%.2f×)", m, lo, hi);
+            verdict = m <= limit ? "met" : "NOT met";
+            snprintf(measured, sizeof measured,
+                     "median %.2f× %s over %d rounds (%.2f–%.2f×; %d of %d rounds within)", m,
+                     pool ? "the pool" : "the driver", sc.n, lo, hi, met_c, sc.n);
+        }
+        int with_cd = 0;
+        for (int k = 0; k < opt.rounds; k++)
+            with_cd += cd[k] > 0;
+        if (with_cd < opt.rounds) {
+            fprintf(stderr, "cudefer-loops: %s, %s touch: cudefer measured in %d of %d rounds\n",
+                    r->id, touch_names[t], with_cd, opt.rounds);
+            any_failure = true;
+        }
+        add_goal(verdict, measured, "loops, %s touch, %s: cudefer %s (median over rounds)",
+                 touch_names[t], r->label, goal);
+        if (pool && stats(sk, &m, &lo, &hi)) {
+            snprintf(med_k, sizeof med_k, "%.2f× (%.2f–%.2f×)", m, lo, hi);
+            verdict_k = m <= limit ? "met" : "NOT met";
+            char mk_text[200];
+            snprintf(mk_text, sizeof mk_text,
+                     "median %.2f× the pool over %d rounds (%.2f–%.2f×; %d of %d rounds within)",
+                     m, sk.n, lo, hi, met_k, sk.n);
+            add_goal(verdict_k, mk_text,
+                     "loops, %s touch, %s: cudefer with CUDEFER_KEEP %s (median over rounds)",
+                     touch_names[t], r->label, goal);
+        }
+        double v;
+        if ((v = round_spread(ref)) > 0)
+            snprintf(moved_r, sizeof moved_r, "%.2f×", v);
+        if ((v = round_spread(cd)) > 0)
+            snprintf(moved_c, sizeof moved_c, "%.2f×", v);
+        if ((v = round_spread(kp)) > 0)
+            snprintf(moved_k, sizeof moved_k, "%.2f×", v);
+        char met_text[32];
+        snprintf(met_text, sizeof met_text, "%d of %d", met_c, sc.n);
+        printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->label,
+               rc_text, med_c, met_text, pool ? rk_text : "–", med_k, moved_r, moved_c,
+               pool ? moved_k : "–", goal, verdict, verdict_k);
+    }
+}
 
 static void print_cost(struct job *jobs)
 {
@@ -2200,7 +2347,7 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--shim PATH] [--runs N] [--quick] [--smoke] "
             "[--only stall,loops,cost,live] [--rows ID,...] [--log FILE] [--goals FILE] "
-            "[--live-budget S] [--budget S] [--cpus N]\n",
+            "[--live-budget S] [--budget S] [--cpus N] [--rounds N]\n",
             argv0);
     exit(2);
 }
@@ -2236,6 +2383,11 @@ static void parse_args(int argc, char **argv)
             if (*end || v <= 0)
                 usage(argv[0]);
             opt.budget_s = v;
+        } else if (strcmp(a, "--rounds") == 0 && has) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > MAX_ROUNDS)
+                usage(argv[0]);
+            opt.rounds = (int)v;
         } else if (strcmp(a, "--cpus") == 0 && has) {
             long v = strtol(argv[++i], &end, 10);
             if (*end || v < 0 || v > 1024)
@@ -2320,8 +2472,8 @@ int main(int argc, char **argv)
     if (!want_stall && !want_loops && !want_cost && !want_live)
         usage(argv[0]);
 
-    static struct job stall[N_PAIR], loops[N_LOOP_ROWS][N_TOUCH][N_MODES], cost[N_PAIR],
-        live[N_PAIR];
+    static struct job stall[N_PAIR], loops[MAX_ROUNDS][N_LOOP_ROWS][N_TOUCH][N_MODES],
+        cost[N_PAIR], live[N_PAIR];
     for (int m = 0; m < N_MODES; m++) {
         if (m < N_PAIR) {
             snprintf(stall[m].section, sizeof stall[m].section, "stall");
@@ -2329,12 +2481,14 @@ int main(int argc, char **argv)
             snprintf(live[m].section, sizeof live[m].section, "live");
             stall[m].mode = cost[m].mode = live[m].mode = m;
         }
-        for (size_t i = 0; i < N_LOOP_ROWS; i++)
-            for (int t = 0; t < N_TOUCH; t++) {
-                snprintf(loops[i][t][m].section, sizeof loops[i][t][m].section, "loop:%s:%s",
-                         loop_rows[i].id, touch_names[t]);
-                loops[i][t][m].mode = m;
-            }
+        for (int k = 0; k < opt.rounds; k++)
+            for (size_t i = 0; i < N_LOOP_ROWS; i++)
+                for (int t = 0; t < N_TOUCH; t++) {
+                    struct job *j = &loops[k][i][t][m];
+                    snprintf(j->section, sizeof j->section, "loop:%s:%s", loop_rows[i].id,
+                             touch_names[t]);
+                    j->mode = m;
+                }
     }
 
     char started[64];
@@ -2359,19 +2513,21 @@ int main(int argc, char **argv)
     }
     if (want_loops) {
         double t0 = gc_now_ms();
-        for (int t = 0; t < N_TOUCH; t++)
-            for (size_t i = 0; i < N_LOOP_ROWS; i++)
-                for (int m = 0; m < N_MODES; m++) {
-                    struct job *j = &loops[i][t][m];
-                    if (!row_wanted(&loop_rows[i]) ||
-                        ((mode_is_pool(m) || m == MODE_KEEP) && !row_has_pool(&loop_rows[i])))
-                        continue;
-                    run_job(j);
-                    if (!first_line(j, "loop_na"))
-                        expect_lines(j, "loop", opt.runs);
-                    if (!info[m])
-                        info[m] = j;
-                }
+        for (int k = 0; k < opt.rounds; k++)
+            for (int t = 0; t < N_TOUCH; t++)
+                for (size_t i = 0; i < N_LOOP_ROWS; i++)
+                    for (int m = 0; m < N_MODES; m++) {
+                        struct job *j = &loops[k][i][t][m];
+                        if (!row_wanted(&loop_rows[i]) ||
+                            ((mode_is_pool(m) || m == MODE_KEEP) &&
+                             !row_has_pool(&loop_rows[i])))
+                            continue;
+                        run_job(j);
+                        if (!first_line(j, "loop_na"))
+                            expect_lines(j, "loop", opt.runs);
+                        if (!info[m])
+                            info[m] = j;
+                    }
         secs[1] = (gc_now_ms() - t0) / 1e3;
     }
     if (want_cost) {
@@ -2418,8 +2574,11 @@ int main(int argc, char **argv)
     if (want_stall)
         print_stall(stall);
     if (want_loops)
-        for (int t = 0; t < N_TOUCH; t++)
-            print_loops(loops, (enum touch)t);
+        for (int t = 0; t < N_TOUCH; t++) {
+            print_loops(loops[0], (enum touch)t);
+            if (opt.rounds > 1)
+                print_rounds(loops, (enum touch)t);
+        }
     if (want_cost)
         print_cost(cost);
     if (want_live)

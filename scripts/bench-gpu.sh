@@ -8,7 +8,8 @@
 # transformer.py), jax with its CUDA plugin (jax_mlp.py) and cupy
 # (cupy_pinned.py):
 #
-#     scripts/bench-gpu.sh [cudefer-loops options, e.g. --runs 3]
+#     scripts/bench-gpu.sh [cudefer-loops options, e.g. --runs 3, or --rounds 5 to
+#                          judge the loop goals over five rounds of children]
 #
 # It builds the shim and cudefer-loops (meson, into build-bench/), then
 # runs, each without and with cudefer (LD_PRELOAD of
