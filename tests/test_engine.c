@@ -1497,29 +1497,47 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
                        "%s", text);
 }
 
-/* A loop of 40 iterations over four released 4 KiB device blocks:
+/* A loop of 40 iterations over four released 4 KiB blocks of one kind:
  * allocate, release, and 2 ms for the GPU (idle) to land the fences'
  * word's writes. With four blocks in rotation the word misses at least
  * every fourth look, whatever the timing: a look asks for a write once four
  * numbers wait, after it has read the word, and the look that asks is the
  * one at the newest number of the four. A miss queries the event until 16
  * allocations in a row found the bin refilled (a loop); from then on, in a
- * small device bin, it takes a new block instead (cache.c, may_grow),
- * until the word answers or the bin holds 16 blocks. Without the words
- * (CUDEFER_FENCE_WORD=0) every look queries the event and the bin never
- * grows that way. Which allocation returns a new block is not asserted:
- * a fence still running when the machine is loaded makes one too. */
+ * small device or pinned bin, it takes a new block instead (cache.c,
+ * may_grow), until the word answers or the bin holds 16 blocks; a managed
+ * bin never grows that way (a new managed block pays at its first use).
+ * Without the words (CUDEFER_FENCE_WORD=0) every look queries the event
+ * and no bin grows that way. Which allocation returns a new block is not
+ * asserted: a fence still running when the machine is loaded makes one
+ * too. */
+static enum testdrv_kind trail_kind;
+
 static void reuse_while_the_word_trails(void)
 {
     test_context();
     CUdeviceptr d[4], got;
+    void *h[4], *hgot;
+    for (int j = 0; j < 4; j++) {
+        if (trail_kind == TESTDRV_HOST)
+            CU_OK(cuMemAllocHost(&h[j], 4096));
+        else if (trail_kind == TESTDRV_MANAGED)
+            CU_OK(cuMemAllocManaged(&d[j], 4096, CU_MEM_ATTACH_GLOBAL));
+        else
+            CU_OK(cuMemAlloc(&d[j], 4096));
+    }
     for (int j = 0; j < 4; j++)
-        CU_OK(cuMemAlloc(&d[j], 4096));
-    for (int j = 0; j < 4; j++)
-        CU_OK(cuMemFree(d[j]));
+        CU_OK(trail_kind == TESTDRV_HOST ? cuMemFreeHost(h[j]) : cuMemFree(d[j]));
     for (int i = 1; i <= 40; i++) {
-        CU_OK(cuMemAlloc(&got, 4096));
-        CU_OK(cuMemFree(got));
+        if (trail_kind == TESTDRV_HOST) {
+            CU_OK(cuMemAllocHost(&hgot, 4096));
+            CU_OK(cuMemFreeHost(hgot));
+        } else {
+            CU_OK(trail_kind == TESTDRV_MANAGED
+                      ? cuMemAllocManaged(&got, 4096, CU_MEM_ATTACH_GLOBAL)
+                      : cuMemAlloc(&got, 4096));
+            CU_OK(cuMemFree(got));
+        }
         usleep(2000);
     }
     if (cuCtxSynchronize() || testdrv_faults())
@@ -1532,19 +1550,38 @@ static void reuse_while_the_word_trails_without_words(void)
     reuse_while_the_word_trails();
 }
 
-Test(reuse, a_small_device_bin_grows_while_the_word_trails, .timeout = 20)
+static void expect_growth_while_the_word_trails(enum testdrv_kind kind, bool grows)
 {
     char text[16384];
+    trail_kind = kind;
     report_of(reuse_while_the_word_trails, text, sizeof text);
     double queries = json_number(text, "\"reuse_fence_queries\": ");
     double lags = json_number(text, "\"reuse_word_lags\": ");
     double answers = json_number(text, "\"reuse_word_answers\": ");
-    cr_expect(lags >= 1 && lags <= 12, "the bin grew by %.0f blocks\n%s", lags, text);
+    if (grows)
+        cr_expect(lags >= 1 && lags <= 12, "the bin grew by %.0f blocks\n%s", lags, text);
+    else
+        cr_expect_eq(lags, 0, "a managed bin grew\n%s", text);
     cr_expect_geq(queries + lags + answers, 40, "%s", text);
     report_of(reuse_while_the_word_trails_without_words, text, sizeof text);
     cr_expect_geq(json_number(text, "\"reuse_fence_queries\": "), 40, "%s", text);
     cr_expect_eq(json_number(text, "\"reuse_word_lags\": "), 0, "%s", text);
     cr_expect_eq(json_number(text, "\"reuse_word_answers\": "), 0, "%s", text);
+}
+
+Test(reuse, a_small_device_bin_grows_while_the_word_trails, .timeout = 20)
+{
+    expect_growth_while_the_word_trails(TESTDRV_DEVICE, true);
+}
+
+Test(reuse, a_small_pinned_bin_grows_while_the_word_trails, .timeout = 20)
+{
+    expect_growth_while_the_word_trails(TESTDRV_HOST, true);
+}
+
+Test(reuse, a_managed_bin_does_not_grow_while_the_word_trails, .timeout = 20)
+{
+    expect_growth_while_the_word_trails(TESTDRV_MANAGED, false);
 }
 
 /* Where no statistics are shown (neither CUDEFER_STATS nor CUDEFER_REPORT),

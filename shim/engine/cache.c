@@ -65,31 +65,35 @@ static size_t depth(size_t bytes)
 /* While the fences' word trails the GPU (fence.h: a write is asked for
  * once four numbers wait and the one before has landed, and lands only
  * after the work submitted before the asking), a look at the oldest small
- * device block of a loop that keeps three or four blocks in rotation finds
- * the word behind it about half the time (three quarters in the light
- * loop), and its event query, with the GPU running behind, costs a quarter
- * of a 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118). So when
- * the word does not answer in a small device bin of a loop (a release
- * refilled it before each of its last GROW_AFTER allocations; a second
- * look of one allocation, after a nap, counts nothing), holding fewer
- * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
- * block from the driver instead of querying the event (or waiting for the
- * block, next_nap): the rotation grows until its oldest block is older
- * than the word's lag (every look asks for the next write once four
- * numbers wait; five or six blocks held in run 120's loops, again after
- * each synchronisation, which gives the blocks back). Each new block costs
- * an allocation (40 us at 4 KiB), each query it spares 0.3 to 1.6 us: a
- * short loop, as a training step between two synchronisations, a run of
- * allocations, a bin that has grown that far, or one of larger blocks,
- * asks the event as before. */
+ * block of a loop that keeps three or four blocks in rotation finds the
+ * word behind it about half the time (three quarters in the light loop),
+ * and its event query, with the GPU running behind, costs a quarter of a
+ * 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118; the pinned
+ * 4 KiB loop: 753 queries in 1,004 looks, 1.27x the pool over seven
+ * rounds, run 122). So when the word does not answer in a small device or
+ * pinned bin of a loop (a release refilled it before each of its last
+ * GROW_AFTER allocations; a second look of one allocation, after a nap,
+ * counts nothing), holding fewer than GROW_BLOCKS blocks (GROW_BYTES in
+ * all), the allocation takes a new block from the driver instead of
+ * querying the event (or waiting for the block, next_nap): the rotation
+ * grows until its oldest block is older than the word's lag (every look
+ * asks for the next write once four numbers wait; five or six blocks held
+ * in run 120's loops, again after each synchronisation, which gives the
+ * blocks back). Each new block costs an allocation (40 us at 4 KiB behind
+ * a loop's kernels; on an idle GPU 2.5 us of device memory, 9.4 us of
+ * pinned, run 121), each query it spares 0.3 to 1.6 us: a short loop, as
+ * a training step between two synchronisations, a run of allocations, a
+ * bin that has grown that far, or one of larger blocks, asks the event as
+ * before. Not managed memory: a new managed block pays again at its first
+ * use on the GPU, which faults its pages in (cache.c's header). */
 #define GROW_AFTER 16
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
 
 static bool may_grow(const struct cd_alloc *a, size_t held, unsigned streak)
 {
-    return a->kind == CD_DEVICE && streak >= GROW_AFTER && held < GROW_BLOCKS &&
-           (held + 1) * a->bytes <= GROW_BYTES;
+    return (a->kind == CD_DEVICE || a->kind == CD_HOST) && streak >= GROW_AFTER &&
+           held < GROW_BLOCKS && (held + 1) * a->bytes <= GROW_BYTES;
 }
 
 /* ---- what an allocation costs ---------------------------------------------- */
