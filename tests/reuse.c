@@ -17,8 +17,8 @@
  * program's again (its fence's word or its event, shim/engine/fence.h),
  * and where a wrong answer lets the GPU write memory the program got back.
  * Synchronisations and flushes are rare, so that released blocks stay for
- * reuse. Now and then a thread runs a tight loop over one small device or
- * pinned size (op_loop), the benchmarks' loop, where a size's rotation may
+ * reuse. Now and then a thread runs a tight loop over one small size of
+ * one kind (op_loop), the benchmarks' loop, where a size's rotation may
  * grow.
  *
  * Invariants:
@@ -246,8 +246,8 @@ static void op_release(struct worker *w)
         release_held(w, (int)hx_below(&w->t, (unsigned)w->nheld));
 }
 
-/* Now and then: the loop of a program that allocates one small device (a
- * third of the time, pinned) size, launches a kernel on it and releases it,
+/* Now and then: the loop of a program that allocates one small size of
+ * device, pinned or managed memory, launches a kernel on it and releases it,
  * 20 to 60 times without synchronising, where cudefer's reuse may grow the
  * size's rotation with new blocks instead of asking the driver about the
  * oldest one's fence (shim/engine/cache.c, may_grow). Every allocation is
@@ -258,7 +258,7 @@ static void op_loop(struct worker *w)
         return;
     size_t size = hx_below(&w->t, 2) ? 4096 : 16384;
     int ctx = (int)hx_below(&w->t, 2);
-    enum kind k = hx_below(&w->t, 3) ? K_DEVICE : K_HOST;
+    enum kind k = (enum kind)hx_below(&w->t, K_KINDS);
     unsigned n = 20 + hx_below(&w->t, 41);
     for (unsigned i = 0; i < n; i++) {
         if (!alloc_block(w, k, size, ctx))

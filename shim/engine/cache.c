@@ -32,7 +32,9 @@
  * longer, for what the driver's release would have made it wait for. Only
  * the same thread: another thread's release is a wait this one never had
  * to make, and the kernel it waits for may wait for this thread. Each such
- * release is waited for once at most (the reuse ends its debt).
+ * release is waited for once at most (the reuse ends its debt). In a loop
+ * over a small size whose bin grows (may_grow, below), a new block serves
+ * instead of that wait.
  */
 #include "engine.h"
 
@@ -70,30 +72,34 @@ static size_t depth(size_t bytes)
  * and its event query, with the GPU running behind, costs a quarter of a
  * 4 KiB iteration (bench/RESULTS.md, runs 58, 117 and 118; the pinned
  * 4 KiB loop: 753 queries in 1,004 looks, 1.27x the pool over seven
- * rounds, run 122). So when the word does not answer in a small device or
- * pinned bin of a loop (a release refilled it before each of its last
- * GROW_AFTER allocations; a second look of one allocation, after a nap,
- * counts nothing), holding fewer than GROW_BLOCKS blocks (GROW_BYTES in
- * all), the allocation takes a new block from the driver instead of
- * querying the event (or waiting for the block, next_nap): the rotation
- * grows until its oldest block is older than the word's lag (every look
- * asks for the next write once four numbers wait; five or six blocks held
- * in run 120's loops, again after each synchronisation, which gives the
- * blocks back). Each new block costs an allocation (40 us at 4 KiB behind
- * a loop's kernels; on an idle GPU 2.5 us of device memory, 9.4 us of
- * pinned, run 121), each query it spares 0.3 to 1.6 us: a short loop, as
- * a training step between two synchronisations, a run of allocations, a
- * bin that has grown that far, or one of larger blocks, asks the event as
- * before. Not managed memory: a new managed block pays again at its first
- * use on the GPU, which faults its pages in (cache.c's header). */
+ * rounds, run 122; the managed 4 KiB loop: a third of its looks, 1.24x).
+ * So when the word does not answer in a small bin of a loop (a release
+ * refilled it before each of its last GROW_AFTER allocations; a second
+ * look of one allocation, after a nap, counts nothing), holding fewer
+ * than GROW_BLOCKS blocks (GROW_BYTES in all), the allocation takes a new
+ * block from the driver instead of querying the event (or waiting for the
+ * block, next_nap): the rotation grows until its oldest block is older
+ * than the word's lag (every look asks for the next write once four
+ * numbers wait; five or six blocks held in run 120's loops, again after
+ * each synchronisation, which gives the blocks back). Each new block costs
+ * an allocation (40 us at 4 KiB behind a loop's kernels; on an idle GPU
+ * 2.5 us of device memory, 9.4 us of pinned, run 121), and a managed one
+ * its first use on the GPU, which faults its pages in; each query it
+ * spares 0.3 to 1.6 us. Measured with managed bins growing and not, in
+ * turn (run 125, five pairs of processes): the managed 4 KiB loop 1.04x
+ * the pool against 1.24x (light touch), 1.01x against 1.21x (full), with
+ * six new blocks a process. The 1 MiB a bin bounds what first uses cost.
+ * A short loop, as a training step between two synchronisations, a run of
+ * allocations, a bin that has grown that far, or one of larger blocks,
+ * asks the event as before. */
 #define GROW_AFTER 16
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
 
 static bool may_grow(const struct cd_alloc *a, size_t held, unsigned streak)
 {
-    return (a->kind == CD_DEVICE || a->kind == CD_HOST) && streak >= GROW_AFTER &&
-           held < GROW_BLOCKS && (held + 1) * a->bytes <= GROW_BYTES;
+    return (a->kind == CD_DEVICE || a->kind == CD_HOST || a->kind == CD_MANAGED) &&
+           streak >= GROW_AFTER && held < GROW_BLOCKS && (held + 1) * a->bytes <= GROW_BYTES;
 }
 
 /* ---- what an allocation costs ---------------------------------------------- */
