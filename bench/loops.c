@@ -1915,14 +1915,14 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
             }
         }
         /* With rounds, the goals are judged over them (print_rounds). */
-        if (opt.rounds > 1)
-            ;
-        else if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
-            add_goal(met, measured, "loops, %s touch, %s: cudefer %s", touch_names[t],
-                     r->label, goal);
-        else
-            add_goal("not measured", na ? "the pool could not be made" : "–",
-                     "loops, %s touch, %s: cudefer %s", touch_names[t], r->label, goal);
+        if (opt.rounds == 1) {
+            if (strcmp(met, "met") == 0 || strcmp(met, "NOT met") == 0)
+                add_goal(met, measured, "loops, %s touch, %s: cudefer %s", touch_names[t],
+                         r->label, goal);
+            else
+                add_goal("not measured", na ? "the pool could not be made" : "–",
+                         "loops, %s touch, %s: cudefer %s", touch_names[t], r->label, goal);
+        }
         printf("| %s: %s%s%s%s%s | %d | %s | 0 | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
                "| %s | %s |\n",
                r->label, r->calls, mode_status(none), mode_status(cd), mode_status(pl),
@@ -1995,7 +1995,7 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
                        mode_names[m], jobs[i][t][m].why);
 }
 
-/* ---- cost --------------------------------------------------------------- */
+/* ---- rounds ------------------------------------------------------------- */
 
 /* One mode's median in each round of a row (-1 where a round has none). */
 static void round_medians(struct job (*jobs)[N_LOOP_ROWS][N_TOUCH][N_MODES], size_t row,
@@ -2128,6 +2128,8 @@ static void print_rounds(struct job (*jobs)[N_LOOP_ROWS][N_TOUCH][N_MODES], enum
                pool ? moved_k : "–", goal, verdict, verdict_k);
     }
 }
+
+/* ---- cost --------------------------------------------------------------- */
 
 static void print_cost(struct job *jobs)
 {
