@@ -56,17 +56,19 @@ struct object {
     CUlibrary library;
 };
 
-static struct object make(enum what what)
+/* An object of kind what; memory of the given size (arrays, modules and
+ * libraries have their own). */
+static struct object make_sized(enum what what, size_t bytes)
 {
     struct object o = {.what = what};
     switch (what) {
-    case DEVICE: CU_OK(cuMemAlloc(&o.dptr, 1 << 20)); break;
-    case MANAGED: CU_OK(cuMemAllocManaged(&o.dptr, 1 << 20, CU_MEM_ATTACH_GLOBAL)); break;
-    case HOST: CU_OK(cuMemAllocHost(&o.host, 1 << 20)); break;
-    case HOST_ALLOC: CU_OK(cuMemHostAlloc(&o.host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP)); break;
+    case DEVICE: CU_OK(cuMemAlloc(&o.dptr, bytes)); break;
+    case MANAGED: CU_OK(cuMemAllocManaged(&o.dptr, bytes, CU_MEM_ATTACH_GLOBAL)); break;
+    case HOST: CU_OK(cuMemAllocHost(&o.host, bytes)); break;
+    case HOST_ALLOC: CU_OK(cuMemHostAlloc(&o.host, bytes, CU_MEMHOSTALLOC_DEVICEMAP)); break;
     case REGISTERED:
-        o.host = aligned_alloc(4096, 1 << 20);
-        CU_OK(cuMemHostRegister(o.host, 1 << 20, 0));
+        o.host = aligned_alloc(4096, bytes);
+        CU_OK(cuMemHostRegister(o.host, bytes, 0));
         break;
     case ARRAY: {
         CUDA_ARRAY_DESCRIPTOR d = {.Width = 256, .Height = 256,
@@ -87,6 +89,11 @@ static struct object make(enum what what)
     case WHAT_COUNT: break;
     }
     return o;
+}
+
+static struct object make(enum what what)
+{
+    return make_sized(what, 1 << 20);
 }
 
 static CUresult release(struct object *o)
@@ -1510,33 +1517,19 @@ Test(reuse, the_fences_words_answer, .timeout = 20)
  * and no bin grows that way. Which allocation returns a new block is not
  * asserted: a fence still running when the machine is loaded makes one
  * too. */
-static enum testdrv_kind trail_kind;
+static enum what trail_kind;
 
 static void reuse_while_the_word_trails(void)
 {
     test_context();
-    CUdeviceptr d[4], got;
-    void *h[4], *hgot;
-    for (int j = 0; j < 4; j++) {
-        if (trail_kind == TESTDRV_HOST)
-            CU_OK(cuMemAllocHost(&h[j], 4096));
-        else if (trail_kind == TESTDRV_MANAGED)
-            CU_OK(cuMemAllocManaged(&d[j], 4096, CU_MEM_ATTACH_GLOBAL));
-        else
-            CU_OK(cuMemAlloc(&d[j], 4096));
-    }
+    struct object first[4];
     for (int j = 0; j < 4; j++)
-        CU_OK(trail_kind == TESTDRV_HOST ? cuMemFreeHost(h[j]) : cuMemFree(d[j]));
+        first[j] = make_sized(trail_kind, 4096);
+    for (int j = 0; j < 4; j++)
+        CU_OK(release(&first[j]));
     for (int i = 1; i <= 40; i++) {
-        if (trail_kind == TESTDRV_HOST) {
-            CU_OK(cuMemAllocHost(&hgot, 4096));
-            CU_OK(cuMemFreeHost(hgot));
-        } else {
-            CU_OK(trail_kind == TESTDRV_MANAGED
-                      ? cuMemAllocManaged(&got, 4096, CU_MEM_ATTACH_GLOBAL)
-                      : cuMemAlloc(&got, 4096));
-            CU_OK(cuMemFree(got));
-        }
+        struct object got = make_sized(trail_kind, 4096);
+        CU_OK(release(&got));
         usleep(2000);
     }
     if (cuCtxSynchronize() || testdrv_faults())
@@ -1549,7 +1542,7 @@ static void reuse_while_the_word_trails_without_words(void)
     reuse_while_the_word_trails();
 }
 
-static void expect_growth_while_the_word_trails(enum testdrv_kind kind)
+static void expect_growth_while_the_word_trails(enum what kind)
 {
     char text[16384];
     trail_kind = kind;
@@ -1567,17 +1560,17 @@ static void expect_growth_while_the_word_trails(enum testdrv_kind kind)
 
 Test(reuse, a_small_device_bin_grows_while_the_word_trails, .timeout = 20)
 {
-    expect_growth_while_the_word_trails(TESTDRV_DEVICE);
+    expect_growth_while_the_word_trails(DEVICE);
 }
 
 Test(reuse, a_small_pinned_bin_grows_while_the_word_trails, .timeout = 20)
 {
-    expect_growth_while_the_word_trails(TESTDRV_HOST);
+    expect_growth_while_the_word_trails(HOST);
 }
 
 Test(reuse, a_small_managed_bin_grows_while_the_word_trails, .timeout = 20)
 {
-    expect_growth_while_the_word_trails(TESTDRV_MANAGED);
+    expect_growth_while_the_word_trails(MANAGED);
 }
 
 /* Where no statistics are shown (neither CUDEFER_STATS nor CUDEFER_REPORT),
