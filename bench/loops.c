@@ -2036,15 +2036,12 @@ static struct series round_ratios(const double *num, const double *den, double l
  * moved between processes; -1 with fewer than two. */
 static double round_spread(const double *v)
 {
-    double lo = -1, hi = -1;
-    int n = 0;
+    struct series s = {.n = 0};
     for (int k = 0; k < opt.rounds; k++)
-        if (v[k] > 0) {
-            lo = n && lo < v[k] ? lo : v[k];
-            hi = n && hi > v[k] ? hi : v[k];
-            n++;
-        }
-    return n >= 2 ? hi / lo : -1;
+        if (v[k] > 0)
+            s.v[s.n++] = v[k];
+    double med, lo, hi;
+    return s.n >= 2 && stats(s, &med, &lo, &hi) ? hi / lo : -1;
 }
 
 /* --rounds: each round's ratios, their median, and the loop goals judged

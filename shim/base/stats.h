@@ -28,7 +28,7 @@ struct cd_stats {
     _Atomic uint64_t fence_queries;            /* looks the words could not answer: the
                                                   driver was asked (an event query) */
     _Atomic uint64_t word_lags;                /* looks the words could not answer in a
-                                                  small device bin of a loop: a new block
+                                                  small bin of a loop: a new block
                                                   instead of a query (cache.c) */
     _Atomic uint64_t dropped[CD_KIND_COUNT];   /* freed by their context's destruction */
     _Atomic uint64_t passed[CD_KIND_COUNT];    /* handed to the driver as asked */

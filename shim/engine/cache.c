@@ -96,10 +96,10 @@ static size_t depth(size_t bytes)
 #define GROW_BLOCKS 16
 #define GROW_BYTES ((size_t)1 << 20)
 
+/* For every kind a reuse serves (device, pinned and managed memory). */
 static bool may_grow(const struct cd_alloc *a, size_t held, unsigned streak)
 {
-    return (a->kind == CD_DEVICE || a->kind == CD_HOST || a->kind == CD_MANAGED) &&
-           streak >= GROW_AFTER && held < GROW_BLOCKS && (held + 1) * a->bytes <= GROW_BYTES;
+    return streak >= GROW_AFTER && held < GROW_BLOCKS && (held + 1) * a->bytes <= GROW_BYTES;
 }
 
 /* ---- what an allocation costs ---------------------------------------------- */
