@@ -359,8 +359,9 @@ print("Median (min–max). \"no caching\": PyTorch with PYTORCH_NO_CUDA_MEMORY_C
       "with XLA_PYTHON_CLIENT_ALLOCATOR=platform, CuPy with set_allocator(None) and "
       "set_pinned_memory_allocator(None); \"caching\": their default allocators. Speedup: "
       "no caching without / with cudefer. Results: the programs' hashes of their losses or "
-      "outputs, compared across the three runs (where they differ, the spread of the final "
-      "losses relative to their size). Peak device memory: MiB above the level before the "
+      "outputs, compared across the three runs (where they differ, which runs agree, and "
+      "the spread of the final losses relative to their size: a difference between the "
+      "two runs without cudefer is the allocators' own). Peak device memory: MiB above the level before the "
       "work (mem_get_info sampled; JAX: its peak_bytes_in_use where reported), no caching / "
       "caching / cudefer.\n")
 print("| program | no caching | caching | no caching + cudefer | speedup (cudefer vs no caching) "
@@ -390,10 +391,17 @@ for prog, label, sel, key, hkey, goal, *other in rows:
     elif len(set(hashes.values())) == 1:
         same = f"yes ({len(hashes)} runs)"
     else:
+        # Which runs agree: a difference already there without cudefer (the
+        # two allocators alone) is not cudefer's doing.
+        groups = {}
+        for v, h in hashes.items():
+            groups.setdefault(h, []).append(v)
+        agree = ("no two runs agree" if len(groups) == len(hashes) else
+                 "; ".join(" = ".join(g) for g in groups.values()))
         losses = [float(r["final_loss"]) for _, r in got if "final_loss" in r]
         if len(losses) == len(got) and max(abs(x) for x in losses) > 0:
             spread = (max(losses) - min(losses)) / max(abs(x) for x in losses)
-            same = f"NO, final losses within {spread:.1e} (relative)"
+            same = f"NO, {agree}: final losses within {spread:.1e} (relative)"
         else:
             same = "NO: " + ", ".join(f"{v} {str(h)[:12]}" for v, h in hashes.items())
     if not all(oks):
