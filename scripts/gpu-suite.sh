@@ -20,6 +20,12 @@
 #     PYTHONPATH=$PWD/tests/gpu OUT=... scripts/gpu-suite.sh ../cupy/tests \
 #         -p cupy_pools_off cupy_tests/core_tests/test_ndarray_indexing.py
 #
+# JAX's with its platform allocator in both runs (every buffer made and
+# freed as the program goes; SUITE_DIR holds JAX's conftest.py and tests/):
+#
+#     XLA_PYTHON_CLIENT_ALLOCATOR=platform OUT=... scripts/gpu-suite.sh \
+#         ../jax tests/memories_test.py tests/array_test.py
+#
 # Environment: OUT (default ./gpu-out/suite), SUITE_LIMIT_S (each run's
 # limit, default 240), SUITE_CUDEFER (CUDEFER_* settings, NAME=VALUE words,
 # for the run with cudefer).
