@@ -361,9 +361,9 @@ print("Median (min–max). \"no caching\": PyTorch with PYTORCH_NO_CUDA_MEMORY_C
       "no caching without / with cudefer. Results: the programs' hashes of their losses or "
       "outputs, compared across the three runs (where they differ, which runs agree, and "
       "the spread of the final losses relative to their size: a difference between the "
-      "two runs without cudefer is the allocators' own). Peak device memory: MiB above the level before the "
-      "work (mem_get_info sampled; JAX: its peak_bytes_in_use where reported), no caching / "
-      "caching / cudefer.\n")
+      "two runs without cudefer is the allocators' own). Peak device memory: MiB above "
+      "the level before the work (mem_get_info sampled; JAX: its peak_bytes_in_use where "
+      "reported), no caching / caching / cudefer.\n")
 print("| program | no caching | caching | no caching + cudefer | speedup (cudefer vs no caching) "
       "| cudefer / caching | results identical | peak device memory (MiB) | goal |")
 print("|---|---|---|---|---|---|---|---|---|")
