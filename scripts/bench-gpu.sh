@@ -362,8 +362,10 @@ print("Median (min–max). \"no caching\": PyTorch with PYTORCH_NO_CUDA_MEMORY_C
       "outputs, compared across the three runs (where they differ, which runs agree, and "
       "the spread of the final losses relative to their size: a difference between the "
       "two runs without cudefer is the allocators' own). Peak device memory: MiB above "
-      "the level before the work (mem_get_info sampled; JAX: its peak_bytes_in_use where "
-      "reported), no caching / caching / cudefer.\n")
+      "the level before the work, no caching / caching / cudefer: NVML's figure for the "
+      "GPU, sampled after every step (what the GPU holds, cudefer's cache included; where "
+      "NVML could not be had, mem_get_info's, which under cudefer counts its cache as "
+      "free: the notes below say which); JAX: its peak_bytes_in_use where reported.\n")
 print("| program | no caching | caching | no caching + cudefer | speedup (cudefer vs no caching) "
       "| cudefer / caching | results identical | peak device memory (MiB) | goal |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -442,9 +444,13 @@ for (prog, variant), lst in sorted(results.items(), key=lambda kv: str(kv[0])):
                          f"kernels of {r.get('bg_ms')} ms, {r.get('iters')} iterations × "
                          f"{r.get('runs')} runs, {r.get('bytes')} bytes, errors {r.get('errors')}")
         if prog in ("mlp", "transformer", "jax"):
+            mem = ""
+            if r.get("mem_source"):
+                mem = (f", peak memory {r.get('peak_mem_mib')} MiB from {r.get('mem_source')}, "
+                       f"{r.get('visible_peak_mib')} MiB as mem_get_info said")
             extra.append(f"{prog} {variant}: p10 {r.get('p10')} µs, p90 {r.get('p90')} µs, "
                          f"{r.get('steps')} steps ({r.get('warmup')} warm-up), total "
-                         f"{r.get('total_s')} s, final loss {r.get('final_loss')}")
+                         f"{r.get('total_s')} s, final loss {r.get('final_loss')}{mem}")
         if prog == "cupy":
             bg = ""
             if r.get("bg_launched") not in (None, "0"):

@@ -30,3 +30,52 @@ def step_fields(times_us, steps, warmup, total_s):
 def loss_fields(final_loss, digest):
     """The RESULT line's last fields: the final loss and the losses' hash."""
     return f"final_loss={final_loss:.9g} loss_sha256={digest}"
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+class DeviceMemory:
+    """Device memory in use on one GPU, sampled between steps.
+
+    used() is NVML's figure for the whole GPU (libnvidia-ml, which comes
+    with the driver and which cudefer does not wrap): what the GPU really
+    holds, the blocks cudefer keeps for reuse included. Where NVML cannot
+    be had, it is the framework's mem_get_info (total - free), and source
+    says so: under cudefer that figure counts the device memory cudefer
+    holds for the program as free, as the driver alone would once its own
+    release had returned (README, cuMemGetInfo), so it shows what the
+    program sees, not what the GPU holds. visible() is always that figure.
+    Other processes on the same GPU count in NVML's figure.
+    """
+
+    def __init__(self, uuid, mem_get_info):
+        self._info = mem_get_info
+        self._nvml = None
+        self._dev = ctypes.c_void_p()
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                raise OSError("nvmlInit_v2")
+            name = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+            if lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(self._dev)) != 0:
+                raise OSError("nvmlDeviceGetHandleByUUID " + name)
+            self._nvml = lib
+            self.used()
+        except (OSError, AttributeError):
+            self._nvml = None
+        self.source = "nvml" if self._nvml else "mem_get_info"
+
+    def visible(self):
+        free, total = self._info()
+        return total - free
+
+    def used(self):
+        if self._nvml is None:
+            return self.visible()
+        m = _NvmlMemory()
+        if self._nvml.nvmlDeviceGetMemoryInfo(self._dev, ctypes.byref(m)) != 0:
+            raise OSError("nvmlDeviceGetMemoryInfo")
+        return m.used

@@ -9,9 +9,13 @@ that synchronisation. The losses stay on the GPU (one preallocated tensor)
 and are hashed bitwise (SHA-256 of their float32 bytes) at the end, so runs
 with different allocators or with cudefer must print the same hash.
 
-Device memory in use (torch.cuda.mem_get_info: total - free) is sampled
-after every step, outside the timing, and reported above the level measured
-before the model was built.
+Device memory in use is sampled after every step, outside the timing, and
+reported above the level measured before the model was built: peak_mem_mib
+as NVML reports it for the GPU (common.DeviceMemory; mem_source=nvml), what
+the GPU really holds, cudefer's cache included; visible_peak_mib as
+torch.cuda.mem_get_info (total - free) reports it, which under cudefer
+counts the memory cudefer holds for reuse as free. Without NVML both are
+the latter (mem_source=mem_get_info).
 
 Run it three ways (scripts/bench-gpu.sh does):
   (a) python3 mlp.py                                   PyTorch's caching allocator
@@ -20,8 +24,8 @@ Run it three ways (scripts/bench-gpu.sh does):
 
 Prints one line:
   RESULT mlp caching=<0|1> cudefer=<0|1> us_per_step=<median> min=<> max=<>
-         p10=<> p90=<> steps=<> warmup=<> total_s=<> peak_mem_mib=<>
-         final_loss=<> loss_sha256=<hex>
+         p10=<> p90=<> steps=<> warmup=<> total_s=<> peak_mem_mib=<> mem_source=<>
+         visible_peak_mib=<> final_loss=<> loss_sha256=<hex>
 """
 import argparse
 import hashlib
@@ -34,12 +38,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-from common import cudefer_loaded, loss_fields, step_fields  # noqa: E402
-
-
-def used_bytes():
-    free, total = torch.cuda.mem_get_info()
-    return total - free
+from common import DeviceMemory, cudefer_loaded, loss_fields, step_fields  # noqa: E402
 
 
 def main():
@@ -62,8 +61,9 @@ def main():
     torch.cuda.init()
     torch.zeros(1, device=dev)  # the context
     torch.cuda.synchronize()
-    base = used_bytes()
-    peak = base
+    mem = DeviceMemory(str(torch.cuda.get_device_properties(dev).uuid), torch.cuda.mem_get_info)
+    base, vbase = mem.used(), mem.visible()
+    peak, vpeak = base, vbase
 
     w = args.width
     model = torch.nn.Sequential(
@@ -97,7 +97,7 @@ def main():
         stream.synchronize()
         t1 = time.perf_counter()
         times.append((t1 - t0) * 1e6)
-        peak = max(peak, used_bytes())
+        peak, vpeak = max(peak, mem.used()), max(vpeak, mem.visible())
     torch.cuda.synchronize()
     total_s = time.perf_counter() - t_all
 
@@ -106,7 +106,8 @@ def main():
     print(
         f"RESULT mlp caching={int(caching)} cudefer={int(cudefer_loaded())} "
         f"{step_fields(times, args.steps, args.warmup, total_s)} "
-        f"peak_mem_mib={(peak - base) / 2**20:.1f} {loss_fields(host[-1].item(), digest)}",
+        f"peak_mem_mib={(peak - base) / 2**20:.1f} mem_source={mem.source} "
+        f"visible_peak_mib={(vpeak - vbase) / 2**20:.1f} {loss_fields(host[-1].item(), digest)}",
         flush=True,
     )
     print(f"mlp: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "

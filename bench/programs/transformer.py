@@ -16,9 +16,13 @@ start of the step to the end of that synchronisation. The losses stay on the
 GPU (one preallocated tensor) and are hashed bitwise (SHA-256 of their
 float32 bytes) at the end.
 
-Device memory in use (torch.cuda.mem_get_info: total - free) is sampled
-after every step, outside the timing, and reported above the level measured
-before the model was built.
+Device memory in use is sampled after every step, outside the timing, and
+reported above the level measured before the model was built: peak_mem_mib
+as NVML reports it for the GPU (common.DeviceMemory; mem_source=nvml), what
+the GPU really holds, cudefer's cache included; visible_peak_mib as
+torch.cuda.mem_get_info (total - free) reports it, which under cudefer
+counts the memory cudefer holds for reuse as free. Without NVML both are
+the latter (mem_source=mem_get_info).
 
 Run it three ways (scripts/bench-gpu.sh does):
   (a) python3 transformer.py                                   caching allocator
@@ -28,8 +32,8 @@ Run it three ways (scripts/bench-gpu.sh does):
 
 Prints one line:
   RESULT transformer caching=<0|1> cudefer=<0|1> us_per_step=<median> min=<>
-         max=<> p10=<> p90=<> steps=<> warmup=<> total_s=<> peak_mem_mib=<>
-         params=<> final_loss=<> loss_sha256=<hex>
+         max=<> p10=<> p90=<> steps=<> warmup=<> total_s=<> peak_mem_mib=<> mem_source=<>
+         visible_peak_mib=<> params=<> final_loss=<> loss_sha256=<hex>
 """
 import argparse
 import hashlib
@@ -42,12 +46,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-from common import cudefer_loaded, loss_fields, step_fields  # noqa: E402
-
-
-def used_bytes():
-    free, total = torch.cuda.mem_get_info()
-    return total - free
+from common import DeviceMemory, cudefer_loaded, loss_fields, step_fields  # noqa: E402
 
 
 def math_attention_only():
@@ -98,8 +97,9 @@ def main():
     torch.cuda.init()
     torch.zeros(1, device=dev)  # the context
     torch.cuda.synchronize()
-    base = used_bytes()
-    peak = base
+    mem = DeviceMemory(str(torch.cuda.get_device_properties(dev).uuid), torch.cuda.mem_get_info)
+    base, vbase = mem.used(), mem.visible()
+    peak, vpeak = base, vbase
 
     model = Model(args.d_model, args.heads, args.layers, args.ff, args.classes).to(dev)
     model.train()
@@ -131,7 +131,7 @@ def main():
         stream.synchronize()
         t1 = time.perf_counter()
         times.append((t1 - t0) * 1e6)
-        peak = max(peak, used_bytes())
+        peak, vpeak = max(peak, mem.used()), max(vpeak, mem.visible())
     torch.cuda.synchronize()
     total_s = time.perf_counter() - t_all
 
@@ -140,7 +140,8 @@ def main():
     print(
         f"RESULT transformer caching={int(caching)} cudefer={int(cudefer_loaded())} "
         f"{step_fields(times, args.steps, args.warmup, total_s)} "
-        f"peak_mem_mib={(peak - base) / 2**20:.1f} params={params} "
+        f"peak_mem_mib={(peak - base) / 2**20:.1f} mem_source={mem.source} "
+        f"visible_peak_mib={(vpeak - vbase) / 2**20:.1f} params={params} "
         f"{loss_fields(host[-1].item(), digest)}",
         flush=True,
     )
