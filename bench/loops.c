@@ -1951,7 +1951,10 @@ static void print_loops(struct job (*jobs)[N_TOUCH][N_MODES], enum touch t)
     /* Details: cudefer's counters and the sampled device memory. */
     printf("\nDetails (cudefer's counters over the child; device memory in use at the sampled "
            "peak, cuMemGetInfo %d times a run, above the level before the loop, largest over "
-           "the runs: driver / cudefer / pool / keep / pool at threshold 0):\n\n",
+           "the runs: driver / cudefer / pool / keep / pool at threshold 0; under cudefer "
+           "cuMemGetInfo counts the device blocks cudefer holds for reuse as free, so its "
+           "two figures are what the program is told, and \"held\" above is what cudefer "
+           "holds):\n\n",
            MEM_SAMPLES);
     for (size_t i = 0; i < N_LOOP_ROWS; i++) {
         const struct loop_row *r = &loop_rows[i];
