@@ -16,13 +16,9 @@ start of the step to the end of that synchronisation. The losses stay on the
 GPU (one preallocated tensor) and are hashed bitwise (SHA-256 of their
 float32 bytes) at the end.
 
-Device memory in use is sampled after every step, outside the timing, and
-reported above the level measured before the model was built: peak_mem_mib
-as NVML reports it for the GPU (common.DeviceMemory; mem_source=nvml), what
-the GPU really holds, cudefer's cache included; visible_peak_mib as
-torch.cuda.mem_get_info (total - free) reports it, which under cudefer
-counts the memory cudefer holds for reuse as free. Without NVML both are
-the latter (mem_source=mem_get_info).
+Device memory in use is sampled after every step as in mlp.py (peak_mem_mib
+from NVML, what the GPU holds; visible_peak_mib from mem_get_info, what the
+program is told), above the level measured before the model was built.
 
 Run it three ways (scripts/bench-gpu.sh does):
   (a) python3 transformer.py                                   caching allocator
