@@ -38,17 +38,20 @@ class _NvmlMemory(ctypes.Structure):
 
 
 class DeviceMemory:
-    """Device memory in use on one GPU, sampled between steps.
+    """Device memory in use on one GPU: its level when made, and the peak
+    above that level over the samples taken after it (sample()), printed
+    by fields() as the RESULT line's peak_mem_mib, mem_source and
+    visible_peak_mib.
 
-    used() is NVML's figure for the whole GPU (libnvidia-ml, which comes
-    with the driver and which cudefer does not wrap): what the GPU really
-    holds, the blocks cudefer keeps for reuse included. Where NVML cannot
-    be had, it is the framework's mem_get_info (total - free), and source
-    says so: under cudefer that figure counts the device memory cudefer
-    holds for the program as free, as the driver alone would once its own
-    release had returned (README, cuMemGetInfo), so it shows what the
-    program sees, not what the GPU holds. visible() is always that figure.
-    Other processes on the same GPU count in NVML's figure.
+    peak_mem_mib is NVML's figure for the whole GPU (libnvidia-ml, which
+    comes with the driver and which cudefer does not wrap): what the GPU
+    really holds, the blocks cudefer keeps for reuse included; other
+    processes on the same GPU count in it. visible_peak_mib is the
+    framework's mem_get_info (total - free), which under cudefer counts the
+    device memory cudefer holds for the program as free, as the driver
+    alone would once its own release had returned (README, cuMemGetInfo):
+    what the program is told, not what the GPU holds. Where NVML cannot be
+    had, both are the latter, and mem_source says so.
     """
 
     def __init__(self, uuid, mem_get_info):
@@ -63,19 +66,31 @@ class DeviceMemory:
             if lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(self._dev)) != 0:
                 raise OSError("nvmlDeviceGetHandleByUUID " + name)
             self._nvml = lib
-            self.used()
+            self._base = self._used()
         except (OSError, AttributeError):
             self._nvml = None
+            self._base = self._visible()
         self.source = "nvml" if self._nvml else "mem_get_info"
+        self._vbase = self._visible()
+        self._peak, self._vpeak = self._base, self._vbase
 
-    def visible(self):
+    def _visible(self):
         free, total = self._info()
         return total - free
 
-    def used(self):
+    def _used(self):
         if self._nvml is None:
-            return self.visible()
+            return self._visible()
         m = _NvmlMemory()
         if self._nvml.nvmlDeviceGetMemoryInfo(self._dev, ctypes.byref(m)) != 0:
             raise OSError("nvmlDeviceGetMemoryInfo")
         return m.used
+
+    def sample(self):
+        self._peak = max(self._peak, self._used())
+        self._vpeak = max(self._vpeak, self._visible())
+
+    def fields(self):
+        return (f"peak_mem_mib={(self._peak - self._base) / 2**20:.1f} "
+                f"mem_source={self.source} "
+                f"visible_peak_mib={(self._vpeak - self._vbase) / 2**20:.1f}")

@@ -62,8 +62,6 @@ def main():
     torch.zeros(1, device=dev)  # the context
     torch.cuda.synchronize()
     mem = DeviceMemory(str(torch.cuda.get_device_properties(dev).uuid), torch.cuda.mem_get_info)
-    base, vbase = mem.used(), mem.visible()
-    peak, vpeak = base, vbase
 
     w = args.width
     model = torch.nn.Sequential(
@@ -97,7 +95,7 @@ def main():
         stream.synchronize()
         t1 = time.perf_counter()
         times.append((t1 - t0) * 1e6)
-        peak, vpeak = max(peak, mem.used()), max(vpeak, mem.visible())
+        mem.sample()
     torch.cuda.synchronize()
     total_s = time.perf_counter() - t_all
 
@@ -106,8 +104,7 @@ def main():
     print(
         f"RESULT mlp caching={int(caching)} cudefer={int(cudefer_loaded())} "
         f"{step_fields(times, args.steps, args.warmup, total_s)} "
-        f"peak_mem_mib={(peak - base) / 2**20:.1f} mem_source={mem.source} "
-        f"visible_peak_mib={(vpeak - vbase) / 2**20:.1f} {loss_fields(host[-1].item(), digest)}",
+        f"{mem.fields()} {loss_fields(host[-1].item(), digest)}",
         flush=True,
     )
     print(f"mlp: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "

@@ -94,8 +94,6 @@ def main():
     torch.zeros(1, device=dev)  # the context
     torch.cuda.synchronize()
     mem = DeviceMemory(str(torch.cuda.get_device_properties(dev).uuid), torch.cuda.mem_get_info)
-    base, vbase = mem.used(), mem.visible()
-    peak, vpeak = base, vbase
 
     model = Model(args.d_model, args.heads, args.layers, args.ff, args.classes).to(dev)
     model.train()
@@ -127,7 +125,7 @@ def main():
         stream.synchronize()
         t1 = time.perf_counter()
         times.append((t1 - t0) * 1e6)
-        peak, vpeak = max(peak, mem.used()), max(vpeak, mem.visible())
+        mem.sample()
     torch.cuda.synchronize()
     total_s = time.perf_counter() - t_all
 
@@ -136,8 +134,7 @@ def main():
     print(
         f"RESULT transformer caching={int(caching)} cudefer={int(cudefer_loaded())} "
         f"{step_fields(times, args.steps, args.warmup, total_s)} "
-        f"peak_mem_mib={(peak - base) / 2**20:.1f} mem_source={mem.source} "
-        f"visible_peak_mib={(vpeak - vbase) / 2**20:.1f} params={params} "
+        f"{mem.fields()} params={params} "
         f"{loss_fields(host[-1].item(), digest)}",
         flush=True,
     )
