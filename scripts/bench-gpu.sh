@@ -444,13 +444,13 @@ for (prog, variant), lst in sorted(results.items(), key=lambda kv: str(kv[0])):
                          f"kernels of {r.get('bg_ms')} ms, {r.get('iters')} iterations × "
                          f"{r.get('runs')} runs, {r.get('bytes')} bytes, errors {r.get('errors')}")
         if prog in ("mlp", "transformer", "jax"):
-            mem = ""
+            peak = ""
             if r.get("mem_source"):
-                mem = (f", peak memory {r.get('peak_mem_mib')} MiB from {r.get('mem_source')}, "
-                       f"{r.get('visible_peak_mib')} MiB as mem_get_info said")
+                peak = (f", peak memory {r.get('peak_mem_mib')} MiB from {r.get('mem_source')}, "
+                        f"{r.get('visible_peak_mib')} MiB as mem_get_info said")
             extra.append(f"{prog} {variant}: p10 {r.get('p10')} µs, p90 {r.get('p90')} µs, "
                          f"{r.get('steps')} steps ({r.get('warmup')} warm-up), total "
-                         f"{r.get('total_s')} s, final loss {r.get('final_loss')}{mem}")
+                         f"{r.get('total_s')} s, final loss {r.get('final_loss')}{peak}")
         if prog == "cupy":
             bg = ""
             if r.get("bg_launched") not in (None, "0"):

@@ -34,16 +34,19 @@ for a in platform default; do
     run "$a" "$B"
 done
 median() { grep '^RESULT' "$O/$1.$B.out" | grep -o 'us_per_step=[0-9.]*' | cut -d= -f2; }
+# steps ALLOCATOR: a line per call, its calls and us a step between the runs.
+steps() {
+    join -a 2 -e 0 -o 0,1.2,1.3,2.2,2.3 \
+        <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$A.err" | sort) \
+        <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$B.err" | sort) |
+        awk -v d="$((B - A))" '{print $1, ($4 - $2) / d, ($5 - $3) / d}'
+}
 table() { # allocator
     echo "### $1: a step, from $A and $B steps"
     echo
     echo "| call | calls | us |"
     echo "|---|---|---|"
-    join -a 2 -e 0 -o 0,1.2,1.3,2.2,2.3 \
-        <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$A.err" | sort) \
-        <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$B.err" | sort) |
-        awk -v d="$((B - A))" '{c = ($4 - $2) / d; t = ($5 - $3) / d;
-            if (c > 0) printf "| %s | %.2f | %.1f |\n", $1, c, t}'
+    steps "$1" | awk '$2 > 0 {printf "| %s | %.2f | %.1f |\n", $1, $2, $3}'
     echo
     echo "median step: $(median "$1") us"
     echo
@@ -52,10 +55,7 @@ table() { # allocator
     table platform
     table default
     per() { # allocator pattern: us a step in the calls whose names match
-        join -a 2 -e 0 -o 0,1.3,2.3 \
-            <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$A.err" | sort) \
-            <(awk '/^SYMTRACE/ {print $2, $3, $5}' "$O/$1.$B.err" | sort) |
-            awk -v d="$((B - A))" -v p="$2" '$1 ~ p {t += ($3 - $2) / d} END {printf "%.1f", t}'
+        steps "$1" | awk -v p="$2" '$1 ~ p {t += $3} END {printf "%.1f", t}'
     }
     P=$(median platform)
     D=$(median default)
